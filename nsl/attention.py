@@ -1,0 +1,291 @@
+"""`attend(q, k, v, rule, q_slots, k_slots, impl=...)`: attention under an nsl mask rule.
+
+Implementations (DESIGN "Masks are data"; all evaluate `nsl.masks.visible`):
+- `xla`:     the dense reference: materialise the [Sq, Sk] mask, one softmax. O(S²) memory.
+- `chunked`: memory-efficient online softmax (flash-attention recurrence, Dao et al. 2022/2023)
+             over (query chunk, key chunk) tiles, written in XLA. Only the tiles that the static
+             block map (`nsl.masks.block_map`) marks non-empty are visited, forward and
+             backward, so SPS's windowed temporary keys and causal triangles cost only their
+             visible tiles. Backward recomputes scores (custom VJP), so activations are O(S·D).
+- `splash` (TPU) and `pallas_gpu` (GPU): Pallas kernels from the `kernels` package.
+`auto` picks splash on TPU, pallas_gpu on GPU when the kernel package provides them, else chunked.
+
+Shapes: q [B, Sq, H, D], k and v [B, Sk, H, D]. Rows with no visible key return zeros and a
+log-sum-exp of -inf, so two attentions over disjoint key sets merge exactly with `merge_lse`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from nsl import masks
+from nsl.errors import ConfigError
+
+IMPLS = ("auto", "xla", "chunked", "splash", "pallas_gpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Slots:
+  """Metadata of one side of an attention: the static layout plus dynamic per-row fields."""
+
+  layout: masks.Layout
+  segment: Any = None  # [B, S] int32 document ids, or None
+  block: Any = None  # [B, S] or [1, S] int32 block ids, or None
+
+  def fields(self) -> dict[str, Any]:
+    out: dict[str, Any] = {n: jnp.asarray(a) for n, a in self.layout.fields().items()}
+    if self.segment is not None:
+      out["segment"] = self.segment
+    if self.block is not None:
+      out["block"] = self.block
+    return out
+
+  def dynamic(self) -> dict[str, Any]:
+    return {n: a for n, a in (("segment", self.segment), ("block", self.block)) if a is not None}
+
+
+def attend(q, k, v, rule: masks.Rule, q_slots: Slots, k_slots: Slots, *, impl: str = "auto",
+           chunk_q: int = 512, chunk_k: int = 512, return_lse: bool = False):
+  """Softmax attention where query slot i sees key slot j iff `visible(rule, i, j)`.
+
+  Returns out [B, Sq, H, D] (q.dtype), and lse [B, H, Sq] (float32) when `return_lse`.
+  """
+  impl = resolve_impl(impl)
+  if impl == "xla":
+    out, lse = attend_dense(q, k, v, rule, q_slots.fields(), k_slots.fields())
+  elif impl == "chunked":
+    out, lse = _attend_chunked(q, k, v, rule, q_slots, k_slots, chunk_q, chunk_k)
+  else:
+    kernel = _kernel_module(impl)
+    out, lse = kernel.attend(q, k, v, rule, q_slots, k_slots, block_q=chunk_q, block_k=chunk_k)
+  return (out, lse) if return_lse else out
+
+
+def resolve_impl(impl: str) -> str:
+  if impl not in IMPLS:
+    raise ConfigError(f"model.attention_impl={impl!r} is not one of {IMPLS}")
+  if impl != "auto":
+    return impl
+  platform = jax.default_backend()
+  preferred = {"tpu": "splash", "gpu": "pallas_gpu", "cuda": "pallas_gpu"}.get(platform)
+  if preferred is not None and _kernel_available(preferred):
+    return preferred
+  return "chunked"
+
+
+def _kernel_module(impl: str):
+  try:
+    if impl == "splash":
+      from kernels import splash as mod
+    else:
+      from kernels import flash_gpu as mod
+  except ImportError as e:
+    raise ConfigError(f"model.attention_impl={impl!r} is unavailable here ({e}); use 'chunked' or 'xla'") from e
+  return mod
+
+
+def _kernel_available(impl: str) -> bool:
+  try:
+    _kernel_module(impl)
+    return True
+  except ConfigError:
+    return False
+
+
+def merge_lse(out_a, lse_a, out_b, lse_b):
+  """Exact merge of two attentions over disjoint key sets: one softmax over their union.
+
+  O = σ(lse_a − lse_b)·O_a + (1 − σ(lse_a − lse_b))·O_b (REFERENCES §2, ComboAttention);
+  lse = logaddexp(lse_a, lse_b). Handles rows where either side saw no key (lse = -inf).
+  """
+  lse = jnp.logaddexp(lse_a, lse_b)
+  safe = jnp.where(jnp.isneginf(lse), 0.0, lse)
+  wa = jnp.exp(lse_a - safe)  # [B, H, S]
+  wb = jnp.exp(lse_b - safe)
+  to_bshd = lambda w: jnp.transpose(w, (0, 2, 1))[..., None]
+  out = to_bshd(wa) * out_a.astype(jnp.float32) + to_bshd(wb) * out_b.astype(jnp.float32)
+  return out.astype(out_a.dtype), lse
+
+
+# ----------------------------------------------------------------------------- dense reference
+
+
+def attend_dense(q, k, v, rule: masks.Rule, q_fields: dict, k_fields: dict):
+  """The reference: materialise the mask from per-slot fields ([S] or [B, S] arrays)."""
+  q_meta = {n: jnp.asarray(a)[..., :, None] for n, a in q_fields.items()}
+  k_meta = {n: jnp.asarray(a)[..., None, :] for n, a in k_fields.items()}
+  mask = masks.visible(rule, q_meta, k_meta)
+  mask = jnp.broadcast_to(mask, mask.shape[:-2] + (q.shape[1], k.shape[1]))
+  if mask.ndim == 2:
+    mask = mask[None]
+  scale = 1.0 / math.sqrt(q.shape[-1])
+  s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
+  s = jnp.where(mask[:, None], s, -jnp.inf)
+  m = jnp.max(s, axis=-1, keepdims=True)
+  m_safe = jnp.where(jnp.isneginf(m), 0.0, m)
+  p = jnp.exp(s - m_safe)
+  l = jnp.sum(p, axis=-1, keepdims=True)
+  out = jnp.einsum("bhqk,bkhd->bqhd", p / jnp.where(l == 0, 1.0, l), v.astype(jnp.float32))
+  lse = jnp.where(l[..., 0] == 0, -jnp.inf, m_safe[..., 0] + jnp.log(jnp.where(l[..., 0] == 0, 1.0, l[..., 0])))
+  return out.astype(q.dtype), lse
+
+
+# ----------------------------------------------------------------------------- chunked XLA path
+
+
+def _divisor_at_most(n: int, c: int) -> int:
+  c = max(1, min(c, n))
+  while n % c:
+    c -= 1
+  return c
+
+
+@dataclasses.dataclass(frozen=True)
+class _TilePlan:
+  """Static plan for one (rule, layouts, chunks) combination: the non-empty tiles in order."""
+
+  rule: masks.Rule
+  q_layout: masks.Layout
+  k_layout: masks.Layout
+  cq: int
+  ck: int
+  pairs: tuple[tuple[int, int], ...]
+
+  @property
+  def nq(self) -> int:
+    return self.q_layout.num_slots // self.cq
+
+
+@functools.lru_cache(maxsize=128)
+def _plan(rule, q_layout, k_layout, chunk_q, chunk_k) -> _TilePlan:
+  cq = _divisor_at_most(q_layout.num_slots, chunk_q)
+  ck = _divisor_at_most(k_layout.num_slots, chunk_k)
+  bm = masks.block_map(rule, q_layout, k_layout, cq, ck)
+  pairs = tuple((int(i), int(j)) for i, j in zip(*np.nonzero(bm != masks.EMPTY)))
+  return _TilePlan(rule, q_layout, k_layout, cq, ck, pairs)
+
+
+def _attend_chunked(q, k, v, rule, q_slots: Slots, k_slots: Slots, chunk_q: int, chunk_k: int):
+  plan = _plan(rule, q_slots.layout, k_slots.layout, chunk_q, chunk_k)
+  if not plan.pairs:  # nothing visible at all
+    b, sq, h, _ = q.shape
+    return jnp.zeros_like(q), jnp.full((b, h, sq), -jnp.inf, jnp.float32)
+  b = q.shape[0]
+  dyn_q = {n: jnp.broadcast_to(a, (b, a.shape[-1])) for n, a in q_slots.dynamic().items()}
+  dyn_k = {n: jnp.broadcast_to(a, (b, a.shape[-1])) for n, a in k_slots.dynamic().items()}
+  return _flash(plan, q, k, v, dyn_q, dyn_k)
+
+
+def _tile_mask(plan: _TilePlan, i, j, dyn_q, dyn_k):
+  """Visibility of tile (i, j) as [B or 1, cq, ck], from static layout slices + dynamic fields."""
+  def sl(arr, start, size):
+    return jax.lax.dynamic_slice_in_dim(jnp.asarray(arr), start, size, axis=-1)
+
+  qm = {n: sl(a, i * plan.cq, plan.cq)[None, :, None] for n, a in plan.q_layout.fields().items()}
+  km = {n: sl(a, j * plan.ck, plan.ck)[None, None, :] for n, a in plan.k_layout.fields().items()}
+  qm.update({n: sl(a, i * plan.cq, plan.cq)[:, :, None] for n, a in dyn_q.items()})
+  km.update({n: sl(a, j * plan.ck, plan.ck)[:, None, :] for n, a in dyn_k.items()})
+  return masks.visible(plan.rule, qm, km)
+
+
+def _pair_arrays(plan):
+  pq = jnp.asarray([p[0] for p in plan.pairs], jnp.int32)
+  pk = jnp.asarray([p[1] for p in plan.pairs], jnp.int32)
+  return pq, pk
+
+
+def _to_chunks(x, c):
+  """[B, S, H, D] -> [S/c, B, H, c, D] (chunk-major so tiles are dynamic slices on axis 0)."""
+  b, s, h, d = x.shape
+  return jnp.transpose(x.reshape(b, s // c, c, h, d), (1, 0, 3, 2, 4))
+
+
+def _from_chunks(x):
+  n, b, h, c, d = x.shape
+  return jnp.transpose(x, (1, 0, 3, 2, 4)).reshape(b, n * c, h, d)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(plan, q, k, v, dyn_q, dyn_k):
+  out, lse, _ = _flash_fwd_impl(plan, q, k, v, dyn_q, dyn_k)
+  return out, lse
+
+
+def _flash_fwd_impl(plan: _TilePlan, q, k, v, dyn_q, dyn_k):
+  scale = 1.0 / math.sqrt(q.shape[-1])
+  qc, kc, vc = _to_chunks(q, plan.cq), _to_chunks(k, plan.ck), _to_chunks(v, plan.ck)
+  nq, b, h, cq, d = qc.shape
+  acc0 = jnp.zeros((nq, b, h, cq, d), jnp.float32)
+  m0 = jnp.full((nq, b, h, cq), -jnp.inf, jnp.float32)
+  l0 = jnp.zeros((nq, b, h, cq), jnp.float32)
+
+  def step(carry, ij):
+    acc, m, l = carry
+    i, j = ij
+    s = jnp.einsum("bhqd,bhkd->bhqk", qc[i], kc[j], preferred_element_type=jnp.float32) * scale
+    s = jnp.where(_tile_mask(plan, i, j, dyn_q, dyn_k)[:, None], s, -jnp.inf)
+    m_prev = m[i]
+    m_new = jnp.maximum(m_prev, s.max(-1))
+    m_safe = jnp.where(jnp.isneginf(m_new), 0.0, m_new)
+    p = jnp.exp(s - m_safe[..., None])
+    corr = jnp.exp(m_prev - m_safe)
+    l = l.at[i].set(l[i] * corr + p.sum(-1))
+    pv = jnp.einsum("bhqk,bhkd->bhqd", p.astype(vc.dtype), vc[j], preferred_element_type=jnp.float32)
+    acc = acc.at[i].set(acc[i] * corr[..., None] + pv)
+    m = m.at[i].set(m_new)
+    return (acc, m, l), None
+
+  (acc, m, l), _ = jax.lax.scan(step, (acc0, m0, l0), _pair_arrays(plan))
+  empty = l == 0
+  out = acc / jnp.where(empty, 1.0, l)[..., None]
+  lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))  # [nq, B, H, cq]
+  lse_bhs = jnp.transpose(lse, (1, 2, 0, 3)).reshape(b, h, nq * cq)
+  return _from_chunks(out).astype(q.dtype), lse_bhs, lse
+
+
+def _flash_fwd(plan, q, k, v, dyn_q, dyn_k):
+  out, lse_bhs, lse = _flash_fwd_impl(plan, q, k, v, dyn_q, dyn_k)
+  return (out, lse_bhs), (q, k, v, dyn_q, dyn_k, out, lse)
+
+
+def _flash_bwd(plan, res, cts):
+  """Flash-attention-2 backward over the same non-empty tiles, recomputing probabilities."""
+  q, k, v, dyn_q, dyn_k, out, lse = res
+  dout, dlse_bhs = cts
+  scale = 1.0 / math.sqrt(q.shape[-1])
+  qc, kc, vc = _to_chunks(q, plan.cq), _to_chunks(k, plan.ck), _to_chunks(v, plan.ck)
+  doc = _to_chunks(dout.astype(jnp.float32), plan.cq)
+  nq, b, h, cq, _ = qc.shape
+  dlse = jnp.transpose(dlse_bhs.reshape(b, h, nq, cq), (2, 0, 1, 3))
+  # delta_i = Σ_d dO·O − dlse: the softmax-Jacobian row term, with the lse cotangent folded in.
+  delta = jnp.sum(doc * _to_chunks(out.astype(jnp.float32), plan.cq), axis=-1) - dlse
+  lse_safe = jnp.where(jnp.isneginf(lse), jnp.inf, lse)  # empty rows: p = exp(-inf) = 0
+
+  def step(carry, ij):
+    dq, dk, dv = carry
+    i, j = ij
+    s = jnp.einsum("bhqd,bhkd->bhqk", qc[i], kc[j], preferred_element_type=jnp.float32) * scale
+    mask = _tile_mask(plan, i, j, dyn_q, dyn_k)[:, None]
+    p = jnp.where(mask, jnp.exp(s - lse_safe[i][..., None]), 0.0)
+    dv = dv.at[j].add(jnp.einsum("bhqk,bhqd->bhkd", p, doc[i]))
+    dp = jnp.einsum("bhqd,bhkd->bhqk", doc[i], vc[j].astype(jnp.float32))
+    ds = p * (dp - delta[i][..., None]) * scale
+    dq = dq.at[i].add(jnp.einsum("bhqk,bhkd->bhqd", ds, kc[j].astype(jnp.float32)))
+    dk = dk.at[j].add(jnp.einsum("bhqk,bhqd->bhkd", ds, qc[i].astype(jnp.float32)))
+    return (dq, dk, dv), None
+
+  zeros = lambda x: jnp.zeros(x.shape, jnp.float32)
+  (dq, dk, dv), _ = jax.lax.scan(step, (zeros(qc), zeros(kc), zeros(vc)), _pair_arrays(plan))
+  zero_dyn = lambda d: jax.tree.map(lambda a: np.zeros(a.shape, jax.dtypes.float0), d)
+  return (_from_chunks(dq).astype(q.dtype), _from_chunks(dk).astype(k.dtype),
+          _from_chunks(dv).astype(v.dtype), zero_dyn(dyn_q), zero_dyn(dyn_k))
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
