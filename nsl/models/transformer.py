@@ -1,0 +1,67 @@
+"""The standard decoder-only transformer: embed, the shared trunk, the tied head (REFERENCES §1)."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+
+from nsl import attention, masks
+from nsl.models import layers
+from nsl.models.family import Family, train_flops_per_token
+
+
+def standard_rule(window: int | None) -> masks.Rule:
+  """Causal + same document; an optional sliding window over the (all persistent) keys."""
+  return masks.Rule(causal=True, same_segment=True, persistent_window=window)
+
+
+class LM(nn.Module):
+  """tokens [B, T], segment [B, T] -> final hidden states [B, T, D] and logits [B, T, V]."""
+
+  dims: layers.Dims
+  rule: masks.Rule
+
+  def setup(self):
+    self.embedder = layers.Embedder(self.dims, name="embed")
+    self.trunk = layers.Stack(self.dims, self.rule, name="trunk")
+
+  def hidden(self, tokens_BT, segment_BT):
+    slots = attention.Slots(masks.Layout.causal(tokens_BT.shape[1]), segment=segment_BT)
+    x = nn.with_logical_constraint(self.embedder.encode(tokens_BT), ("batch", "length", "act_embed"))
+    return self.trunk(x, slots)
+
+  def logits(self, h_BTD):
+    return self.embedder.decode(h_BTD)
+
+  def __call__(self, tokens_BT, segment_BT):
+    return self.logits(self.hidden(tokens_BT, segment_BT))
+
+
+class StandardFamily(Family):
+  """The plain causal transformer over T tokens; logits at every token."""
+
+  name = "standard"
+  variants = ("standard",)
+
+  @property
+  def rule(self) -> masks.Rule:
+    return standard_rule(self.config.model.window)
+
+  def make_model(self):
+    return LM(self.dims, self.rule)
+
+  def model_inputs(self, batch):
+    inputs, _, seg_in, _ = layers.next_token_targets(batch)
+    return inputs, seg_in
+
+  def loss(self, params, batch, rng, step):
+    inputs, targets, seg_in, weights = layers.next_token_targets(batch)
+    logits = self.model.apply({"params": params}, inputs, seg_in)
+    loss, weight = layers.masked_cross_entropy(logits, targets, weights)
+    return loss, {"weight": weight}
+
+  def flops_per_token(self) -> float:
+    t = self.seq_len
+    layout = masks.Layout.causal(t)
+    pairs = masks.visible_pairs(masks.Rule(persistent_window=self.config.model.window), layout, layout)
+    counts = self.param_counts()
+    return train_flops_per_token(counts["params_total"], pairs / t, self.dims.n_layers, self.dims.d_model)

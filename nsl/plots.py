@@ -1,0 +1,45 @@
+"""Small plots every run writes into its workdir (the loss curve)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def loss_curve(workdir: str) -> str | None:
+  """Training loss and validation NLL against tokens -> WORKDIR/loss_curve.png."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return None
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  train, val = [], []
+  tokens_at = {}
+  with open(path) as f:
+    for line in f:
+      rec = json.loads(line)
+      if "tokens" in rec:
+        tokens_at[rec["step"]] = rec["tokens"]
+      if isinstance(rec.get("loss"), (int, float)):
+        train.append((rec["tokens"], rec["loss"]))
+      if isinstance(rec.get("eval_val_nll"), (int, float)):
+        val.append((rec["step"], rec["eval_val_nll"]))
+  if not train:
+    return None
+  per_step = train[-1][0] / max(k for k in tokens_at) if tokens_at else 1
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  ax.plot([t for t, _ in train], [l for _, l in train], label="train loss (mean NLL per token)", lw=1.2)
+  if val:
+    ax.plot([s * per_step for s, _ in val], [l for _, l in val], "o-", label="validation NLL", lw=1.5)
+  ax.set_xlabel("training tokens")
+  ax.set_ylabel("nats per token")
+  ax.set_title(f"nsl run {os.path.basename(os.path.normpath(workdir))}")
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  out = os.path.join(workdir, "loss_curve.png")
+  fig.savefig(out, dpi=110)
+  plt.close(fig)
+  return out

@@ -1,0 +1,1 @@
+"""Training: state and optimizer, the jitted step, and the loop."""

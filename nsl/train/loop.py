@@ -1,0 +1,259 @@
+"""The training loop: data, jitted steps on the mesh, logging, evaluation, checkpoints, preemption.
+
+Knows nothing about any family: it asks the Family for `init`, `loss`, `param_counts` and
+`flops_per_token`, and records every run in the one record format (DESIGN).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+
+import nsl
+from nsl import checkpoint, metrics, sharding
+from nsl import config as nsl_config
+from nsl.data import pipeline, prepare
+from nsl.errors import ConfigError, NslError
+from nsl.models import registry
+from nsl.train import state as train_state
+from nsl.train import step as train_step_lib
+
+FLOPS_CONVENTION = ("6 x params used per token (embedding counted once, as the tied head) + "
+                    "12 x layers x d_model x visible attention pairs per token")
+
+
+class _Preemption:
+  """SIGTERM -> stop at the next step boundary with a checkpoint (all hosts agree on TPU)."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    try:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # not the main thread (tests driving run() from a thread)
+      self._previous = None
+    return self
+
+  def _handle(self, signum, frame):
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+  def should_stop(self, step: int) -> bool:
+    if jax.process_count() > 1 and jax.default_backend() == "tpu":
+      try:
+        if multihost_utils.reached_preemption_sync_point(step):
+          return True
+      except Exception:  # the sync point needs the distributed runtime's preemption service
+        pass
+    if jax.process_count() > 1:
+      # Every process must stop at the same step: agree on the flag (a tiny all-reduce).
+      flags = multihost_utils.process_allgather(np.asarray([self.requested], np.int32))
+      return bool(np.any(flags))
+    return self.requested
+
+
+def prepare_data(config) -> dict[str, Any]:
+  """Prepares the corpus on process 0 when missing (cached), then every process reads the manifest."""
+  d = config.data
+  kwargs = dict(sources=list(d.sources), tokenizer=d.tokenizer, vocab_size=d.tokenizer_vocab,
+                gpt2_bpe=d.gpt2_bpe or None, val_fraction=d.val_fraction)
+  if jax.process_index() == 0:
+    prepare.ensure_prepared(d.path, **kwargs)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("nsl_data_prepared")
+  manifest = prepare.load_manifest(d.path)
+  if manifest["vocab_size"] > config.model.vocab_size:
+    raise ConfigError(f"config.model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
+                      f"{manifest['vocab_size']} ids in {d.path}; raise config.model.vocab_size")
+  return manifest
+
+
+def describe(config) -> dict[str, Any]:
+  """Parameter counts and FLOPs from shapes only (`jax.eval_shape`): no parameter memory."""
+  family = registry.get_family(config)
+  counts = family.param_counts()
+  return {"family": config.family, "variant": config.model.variant, **counts,
+          "flops_per_token": family.flops_per_token(),
+          "tokens_per_step": int(config.data.seq_len * config.train.batch_size)}
+
+
+class Trainer:
+  """Builds everything a run needs; `run()` trains to `config.train.steps` or a preemption."""
+
+  def __init__(self, config, workdir: str, restore_from: str | None = None, progress: bool = True):
+    self.config, self.workdir, self.restore_from = config, os.path.abspath(workdir), restore_from
+    self.progress = progress
+    nsl_config.validate(config, jax.device_count(), jax.process_count())
+    self.is_main = jax.process_index() == 0
+    if self.is_main:
+      os.makedirs(self.workdir, exist_ok=True)
+    self.mesh = sharding.make_mesh(config)
+    self.family = registry.get_family(config)
+    self.manifest = prepare_data(config)
+    t = config.train
+    self.tokens_per_step = config.data.seq_len * t.batch_size
+    self.optimizer = train_state.make_optimizer(config)
+    self.schedule = train_state.lr_schedule(config)
+    self.base_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
+
+    boxed = jax.eval_shape(lambda r: train_state.create(self.family.init(r), self.optimizer),
+                           jax.random.PRNGKey(0))
+    with self.mesh, nn.logical_axis_rules(sharding.rules(config)):
+      self.state_sharding = sharding.logical_sharding(boxed, self.mesh, config)
+    self.abstract_state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                                       nn.unbox(boxed), self.state_sharding)
+    self.counts = self.family.param_counts(boxed.params)
+    self.flops_per_token = self.family.flops_per_token()
+    self._compile()
+    self.train_iter = pipeline.make_train_iterator(
+        config.data.path, seq_len=config.data.seq_len, global_batch_size=t.batch_size, seed=config.seed,
+        process_index=jax.process_index(), process_count=jax.process_count(), verify=config.data.verify)
+    self.eval_batches = pipeline.make_eval_batches(
+        config.data.path, "val", seq_len=config.data.seq_len, batch_size=t.batch_size // t.grad_accum,
+        max_batches=t.eval_batches, process_index=jax.process_index(), process_count=jax.process_count())
+    self.checkpointer = checkpoint.Checkpointer(os.path.join(self.workdir, "checkpoints"),
+                                                keep=config.checkpoint.keep,
+                                                async_save=config.checkpoint.async_save)
+
+  def _compile(self):
+    rules = sharding.rules(self.config)
+    batch_sh, repl = sharding.batch_sharding(self.mesh), sharding.replicated(self.mesh)
+    step_fn = train_step_lib.make_train_step(self.family, self.optimizer, self.schedule, self.config.train.grad_accum)
+
+    def with_rules(fn):
+      def wrapped(*args):
+        with nn.logical_axis_rules(rules):
+          return fn(*args)
+      return wrapped
+
+    self._train_step = jax.jit(with_rules(step_fn), in_shardings=(self.state_sharding, batch_sh, repl),
+                               out_shardings=(self.state_sharding, repl), donate_argnums=(0,))
+    self._eval_step = jax.jit(with_rules(train_step_lib.make_eval_step(self.family)),
+                              in_shardings=(self.state_sharding.params, batch_sh), out_shardings=repl)
+    init = lambda r: train_state.create(nn.unbox(self.family.init(r)), self.optimizer)
+    self._init = jax.jit(with_rules(init), out_shardings=self.state_sharding)
+
+  # -- state ------------------------------------------------------------------------------------
+  def initial_state(self):
+    """Latest checkpoint of this workdir, else --restore_from weights, else fresh parameters."""
+    latest = self.checkpointer.latest_step()
+    if latest is not None:
+      state, _ = self.checkpointer.restore(latest, self.abstract_state, self.train_iter)
+      self._log(f"resumed from {self.checkpointer.directory}/{latest}")
+      return state
+    with self.mesh:
+      state = self._init(jax.random.PRNGKey(self.config.seed))
+    if self.restore_from:
+      params, step = checkpoint.restore_params(self.restore_from, self.abstract_state)
+      state = state.replace(params=params)
+      self._log(f"initialised parameters from {self.restore_from} (step {step})")
+    return state
+
+  def _log(self, msg: str) -> None:
+    if self.is_main and self.progress:
+      print(f"nsl: {msg}", flush=True)
+
+  def evaluate(self, params) -> float:
+    total = count = 0.0
+    with self.mesh:
+      for batch in self.eval_batches:
+        s, w = self._eval_step(params, sharding.global_batch(batch, self.mesh))
+        total += float(s)
+        count += float(w)
+    return total / max(count, 1.0)
+
+  # -- the loop ---------------------------------------------------------------------------------
+  def run(self) -> dict[str, Any]:
+    cfg, t = self.config, self.config.train
+    start_time = time.time()
+    state = self.initial_state()
+    start = int(jax.device_get(state.step))
+    if self.is_main:
+      metrics.write_json(os.path.join(self.workdir, "config.json"), nsl_config.to_dict(cfg))
+    writer = metrics.MetricsWriter(self.workdir, enabled=self.is_main)
+    bar = metrics.Progress(t.steps, initial=start, enabled=self.is_main and self.progress, every=t.log_every)
+    meta = {"config": nsl_config.to_dict(cfg)}
+    status, last_loss, eval_loss = "done", None, None
+    nonfinite_total = 0
+    tick, tick_step = time.time(), start
+    step = start
+    try:
+      with _Preemption() as preemption, self.mesh:
+        while step < t.steps:
+          batch = sharding.global_batch(next(self.train_iter), self.mesh)
+          state, m = self._train_step(state, batch, self.base_rng)
+          step += 1
+          if step % t.log_every == 0 or step == t.steps:
+            m = jax.device_get(m)
+            now = time.time()
+            perf = metrics.throughput((step - tick_step) * self.tokens_per_step, now - tick, self.flops_per_token,
+                                      jax.device_count())
+            tick, tick_step = now, step
+            nonfinite_total += int(m["nonfinite"])
+            last_loss = float(m["loss"])
+            record = {k: float(v) for k, v in m.items() if k != "nonfinite"}
+            record.update(perf, tokens=step * self.tokens_per_step, nonfinite=int(m["nonfinite"]),
+                          nonfinite_total=nonfinite_total)
+            writer.write(step, record)
+            bar.update(step, {"loss": last_loss, "tok/s": round(perf["tokens_per_sec"])})
+            run_length = int(jax.device_get(state.nonfinite_run))
+            if run_length >= t.max_nonfinite:
+              status = "failed"
+              raise NslError(f"{run_length} consecutive non-finite steps at step {step} "
+                             f"(train.max_nonfinite={t.max_nonfinite}); the last good checkpoint is kept "
+                             "in the workdir — lower train.lr or check the data")
+          if step % t.eval_every == 0 and step < t.steps:
+            eval_loss = self.evaluate(state.params)
+            writer.write(step, {"eval_val_nll": eval_loss})
+          if step % cfg.checkpoint.every == 0 and step < t.steps:
+            self.checkpointer.save(step, state, self.train_iter, meta)
+          if preemption.should_stop(step):
+            status = "preempted"
+            break
+      self.checkpointer.save(step, state, self.train_iter, meta, force=True)
+      self.checkpointer.wait()
+      if status == "done":
+        eval_loss = self.evaluate(state.params)
+        writer.write(step, {"eval_val_nll": eval_loss})
+    except BaseException:
+      if status != "failed":
+        status = "failed"
+      raise
+    finally:
+      bar.close()
+      writer.close()
+      self.checkpointer.close()
+      result = self._result(status, step, last_loss, eval_loss, time.time() - start_time, nonfinite_total)
+      if self.is_main:
+        metrics.write_json(os.path.join(self.workdir, "result.json"), result)
+        if status == "done":
+          from nsl import plots
+          plots.loss_curve(self.workdir)
+    self.final_state = state
+    return result
+
+  def _result(self, status, step, last_loss, eval_loss, wall, nonfinite_total) -> dict[str, Any]:
+    tokens = step * self.tokens_per_step
+    return {
+        "status": status, "family": self.config.family, "variant": self.config.model.variant,
+        "seed": self.config.seed, "steps": step, "tokens": tokens, **self.counts,
+        "flops_per_token": self.flops_per_token, "flops": self.flops_per_token * tokens,
+        "flops_convention": FLOPS_CONVENTION, "final_loss": last_loss,
+        "eval": {"val": eval_loss} if eval_loss is not None else {},
+        "unigram_entropy_nats": self.manifest.get("unigram_entropy_nats"),
+        "wall_time_sec": wall, "nonfinite_steps": nonfinite_total, "devices": jax.device_count(),
+        "processes": jax.process_count(), "nsl_version": nsl.__version__,
+    }

@@ -1,0 +1,52 @@
+"""TrainState, the AdamW optimizer and the learning-rate schedule (REFERENCES §1 "Training")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # int32 scalar: optimizer steps taken (skipped non-finite steps count too)
+  params: Any
+  opt_state: Any
+  nonfinite_run: jax.Array  # consecutive non-finite steps so far (int32 scalar)
+
+
+def lr_schedule(config) -> optax.Schedule:
+  """wsd: linear warmup to the peak, constant, then linear decay over the last `decay_steps` to
+  `min_lr_ratio`·peak (REFERENCES §1). cosine: warmup then cosine to `min_lr_ratio`·peak."""
+  t = config.train
+  peak, floor = t.lr, t.lr * t.min_lr_ratio
+  warmup = optax.linear_schedule(0.0, peak, max(t.warmup_steps, 1))
+  if t.schedule == "cosine":
+    main = optax.cosine_decay_schedule(peak, max(t.steps - t.warmup_steps, 1), alpha=t.min_lr_ratio)
+    return optax.join_schedules([warmup, main], [t.warmup_steps])
+  constant_steps = t.steps - t.warmup_steps - t.decay_steps
+  decay = optax.linear_schedule(peak, floor, max(t.decay_steps, 1))
+  return optax.join_schedules([warmup, optax.constant_schedule(peak), decay],
+                              [t.warmup_steps, t.warmup_steps + constant_steps])
+
+
+def _decay_mask(params):
+  """Weight decay on matrices only: norm gains stay undecayed."""
+  return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(config) -> optax.GradientTransformation:
+  t = config.train
+  return optax.chain(
+      optax.clip_by_global_norm(t.clip_norm),
+      optax.adamw(lr_schedule(config), b1=t.b1, b2=t.b2, eps=t.eps, weight_decay=t.weight_decay,
+                  mask=_decay_mask),
+  )
+
+
+def create(params, optimizer: optax.GradientTransformation) -> TrainState:
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
+                    nonfinite_run=jnp.zeros((), jnp.int32))
