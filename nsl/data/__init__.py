@@ -1,0 +1,1 @@
+"""Data: text sources -> token shards (prepare) -> packed, host-sharded batches (pipeline)."""

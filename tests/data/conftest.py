@@ -1,0 +1,41 @@
+"""Fixtures for the data tests: a small synthetic corpus and a byte-tokenized data dir."""
+
+import os
+
+import numpy as np
+import pytest
+
+from nsl.data import prepare as prepare_lib
+
+WORDS = ["state", "union", "the", "of", "congress", "people", "war", "peace", "trade", "law",
+         "éclair", "naïve", "日本", "—", "\n"]
+
+
+def make_corpus(root, num_docs: int = 30, seed: int = 0) -> list[str]:
+  """Writes num_docs text files doc_000.txt ... (varied lengths, some non-ASCII); returns texts."""
+  rng = np.random.default_rng(seed)
+  os.makedirs(root, exist_ok=True)
+  texts = []
+  for i in range(num_docs):
+    n = int(rng.integers(5, 120))
+    text = f"doc {i}: " + " ".join(rng.choice(WORDS, size=n))
+    with open(os.path.join(root, f"doc_{i:03d}.txt"), "w", encoding="utf-8") as f:
+      f.write(text)
+    texts.append(text)
+  return texts
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+  """(glob spec, texts) of a 30-document corpus."""
+  root = tmp_path_factory.mktemp("corpus")
+  texts = make_corpus(str(root))
+  return str(root / "*.txt"), texts
+
+
+@pytest.fixture(scope="session")
+def byte_dir(corpus, tmp_path_factory):
+  """A byte-tokenized data dir of `corpus` with small shards, so windows straddle shards."""
+  out = str(tmp_path_factory.mktemp("prepared") / "byte")
+  prepare_lib.prepare(out, [corpus[0]], "byte", val_fraction=0.2, seed=0, shard_tokens=700)
+  return out
