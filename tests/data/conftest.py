@@ -25,6 +25,12 @@ def make_corpus(root, num_docs: int = 30, seed: int = 0) -> list[str]:
   return texts
 
 
+@pytest.fixture(name="make_corpus")
+def make_corpus_fixture():
+  """The corpus writer itself, for tests that need their own corpus."""
+  return make_corpus
+
+
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory):
   """(glob spec, texts) of a 30-document corpus."""

@@ -9,7 +9,6 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import make_corpus
 from nsl.data import prepare as prepare_lib
 from nsl.data import sources as sources_lib
 from nsl.errors import DataError
@@ -71,7 +70,7 @@ def test_split_is_deterministic_by_document(corpus, byte_dir, tmp_path):
          {d for d in docs_of(read_split(byte_dir, m, "val")) if int(d.split(":")[0][4:]) < 15}
 
 
-def test_validation_gets_a_document_and_zero_means_none(tmp_path):
+def test_validation_gets_a_document_and_zero_means_none(tmp_path, make_corpus):
   spec = make_corpus(str(tmp_path / "c"), num_docs=3) and str(tmp_path / "c" / "*.txt")
   m = prepare_lib.prepare(str(tmp_path / "a"), [spec], "byte", val_fraction=1e-9)
   assert (m["splits"]["train"]["documents"], m["splits"]["val"]["documents"]) == (2, 1)
