@@ -50,7 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.tokenizer = "bpe"  # byte | bpe | gpt2
   c.data.tokenizer_vocab = 4096  # bpe only
   c.data.gpt2_bpe = ""  # gpt2 ranks file; empty = $NSL_GPT2_BPE, then tiktoken's download
-  c.data.val_fraction = 0.02
+  c.data.val_fraction = 0.05
   c.data.seq_len = 256
   c.data.verify = "size"  # size | sha256: how shards are checked when opened
 

@@ -9,6 +9,7 @@ written per process by Grain's own checkpoint handler.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -24,7 +25,9 @@ class _Snapshot:
   """A frozen iterator state, so an asynchronous save records the state at the save step."""
 
   def __init__(self, state):
-    self._state = state
+    # Grain's handler writes non-DatasetIterator states as bytes of text; JSON keeps it readable
+    # and is what its restore path parses for the live DatasetIterator.
+    self._state = json.dumps(state, indent=1).encode()
 
   def get_state(self):
     return self._state

@@ -1,0 +1,30 @@
+# The two commands of the README. Each creates .venv when missing and installs nsl into it.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.nsl-installed
+DEMO_DIR ?= runs/demo
+
+.PHONY: demo test install clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Trains configs/tiny.py (the launcher prepares the embedded corpus into data/ on first use and
+# reuses it after), prints the validation NLL next to the corpus's unigram entropy, and writes
+# $(DEMO_DIR)/loss_curve.png. A second `make demo` resumes/finishes the same run: remove
+# $(DEMO_DIR) to train again from scratch.
+demo: $(STAMP)
+	$(PY) -m nsl.launch --config=configs/tiny.py --workdir=$(DEMO_DIR)
+	$(PY) -m nsl.report $(DEMO_DIR)
+
+test: $(STAMP)
+	$(PY) -m pytest tests
+
+clean:
+	rm -rf $(VENV) runs data

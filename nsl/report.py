@@ -1,0 +1,39 @@
+"""`python -m nsl.report WORKDIR`: a run's outcome in a few lines, from its result.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from nsl.errors import DataError, cli_main
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  if len(argv) != 1:
+    print("usage: python -m nsl.report WORKDIR", file=sys.stderr)
+    return 2
+  path = os.path.join(argv[0], "result.json")
+  if not os.path.exists(path):
+    raise DataError(f"{path} does not exist: has the run in {argv[0]} finished?")
+  with open(path) as f:
+    r = json.load(f)
+  print(f"run:        {argv[0]} ({r['family']}/{r['variant']}, status {r['status']})")
+  print(f"parameters: {r['params_total']:,} ({r['params_non_embedding']:,} non-embedding)")
+  print(f"trained:    {r['steps']} steps, {r['tokens']:,} tokens, {r['wall_time_sec']:.0f} s")
+  val, uni = r.get("eval", {}).get("val"), r.get("unigram_entropy_nats")
+  if val is not None:
+    line = f"validation: {val:.4f} nats/token"
+    if uni:
+      line += f" (unigram entropy of the corpus: {uni:.4f} nats/token; the model is {uni - val:.3f} nats below it)"
+    print(line)
+  curve = os.path.join(argv[0], "loss_curve.png")
+  if os.path.exists(curve):
+    print(f"loss curve: {curve}")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
