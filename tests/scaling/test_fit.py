@@ -1,0 +1,127 @@
+"""Chinchilla approach 3 fit (REFERENCES §5): recovery, compute-optimal formula, multipliers."""
+
+import numpy as np
+import pytest
+from scipy import optimize
+
+from nsl.scaling import fit as F
+from nsl.scaling.fit import Law
+
+HOFFMANN = Law(E=1.69337368, A=406.401018, B=410.722827, alpha=0.33917084, beta=0.2849083)
+EPOCH = Law(E=1.8172, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658)
+
+
+def synthetic_grid(law, noise=0.005, seed=0, data_scale=1.0):
+  """10 sizes 1e7..1e10 x 6 token budgets (1..300 tokens/param); multiplicative noise.
+  `data_scale` makes a family that learns as if it had seen data_scale x D tokens."""
+  rng = np.random.default_rng(seed)
+  N = np.repeat(np.logspace(7, 10, 10), 6)
+  D = N * np.tile([1.0, 3.0, 10.0, 30.0, 100.0, 300.0], 10)
+  return N, D, law.loss(N, data_scale * D) * np.exp(rng.normal(0.0, noise, N.shape))
+
+
+@pytest.fixture(scope="module")
+def fits():
+  """The full-grid fits shared by the tests (each is a few seconds)."""
+  out = {name: F.fit_law(*synthetic_grid(law)) for name, law in (("hoffmann", HOFFMANN), ("epoch", EPOCH))}
+  # For speed these two start where the bootstrap does: the best starts of a full-grid fit.
+  starts = np.concatenate([out["hoffmann"].theta[None], out["hoffmann"].best_starts])
+  out["hoffmann_2x"] = F.fit_law(*synthetic_grid(HOFFMANN, noise=0.001, seed=1, data_scale=2.0), starts=starts)
+  out["hoffmann_quiet"] = F.fit_law(*synthetic_grid(HOFFMANN, noise=0.001, seed=2), starts=starts)
+  return out
+
+
+@pytest.mark.parametrize("name,true", [("hoffmann", HOFFMANN), ("epoch", EPOCH)])
+def test_recovers_constants(fits, name, true):
+  fit = fits[name]
+  assert fit.converged, fit.message
+  assert fit.n_starts == 4500
+  for key in ("E", "alpha", "beta"):
+    got, want = getattr(fit.law, key), getattr(true, key)
+    assert abs(got / want - 1) < 0.05, f"{name} {key}: fitted {got:.4f}, true {want:.4f}"
+
+
+def test_objective_gradient_matches_finite_differences():
+  N, D, L = synthetic_grid(EPOCH)
+  logs = [np.log(v) for v in (N, D, L)]
+  # δ large enough that the Huber is smooth at this scale, and one start near the optimum
+  theta = np.array([[6.0, 7.5, 0.6, 0.35, 0.37], [3.0, 12.0, -0.5, 0.2, 0.6]])
+  weights = np.arange(len(N)) % 3
+  f, g = F.huber_objective(theta, *logs, weights=weights, delta=0.05)
+  eps = 1e-6
+  for p in range(5):
+    step = np.zeros(5)
+    step[p] = eps
+    fp, _ = F.huber_objective(theta + step, *logs, weights=weights, delta=0.05)
+    fm, _ = F.huber_objective(theta - step, *logs, weights=weights, delta=0.05)
+    np.testing.assert_allclose(g[:, p], (fp - fm) / (2 * eps), rtol=1e-5, atol=1e-9)
+
+
+def test_lockstep_search_matches_scipy_from_each_start():
+  """The vectorised multi-start finds the same best objective as scipy run start by start."""
+  N, D, L = synthetic_grid(EPOCH, seed=3)
+  N, D, L = N[::2], D[::2], L[::2]
+  starts = F.start_grid()[np.random.default_rng(0).choice(4500, 10, replace=False)]
+  fit = F.fit_law(N, D, L, starts=starts)
+  logs = [np.log(v) for v in (N, D, L)]
+  def fg(th):
+    f, g = F.huber_objective(th[None], *logs)
+    return f[0] / F.DELTA**2, g[0] / F.DELTA**2
+  best = min(optimize.minimize(fg, s, jac=True, method="L-BFGS-B").fun for s in starts) * F.DELTA**2
+  assert fit.objective <= best * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("law", [HOFFMANN, EPOCH])
+def test_compute_optimal_matches_numerical_minimum(law):
+  for C in (1e18, 1e21, 1e24):
+    res = optimize.minimize_scalar(lambda logn: law.loss(np.exp(logn), C / (6 * np.exp(logn))),
+                                   bounds=(np.log(1e3), np.log(C / 6 / 1e3)), method="bounded",
+                                   options={"xatol": 1e-10})
+    n_opt, d_opt = law.compute_optimal(C)
+    assert n_opt == pytest.approx(np.exp(res.x), rel=1e-4)
+    assert 6 * n_opt * d_opt == pytest.approx(C, rel=1e-12)
+    assert law.frontier_loss(C) == pytest.approx(res.fun, rel=1e-10)
+    assert law.min_compute(law.frontier_loss(C)) == pytest.approx(C, rel=1e-9)
+  assert law.n_exponent + law.d_exponent == pytest.approx(1.0)
+
+
+def test_data_multiplier_exact_for_scaled_data():
+  # L(N, 2D) = E + A/N^α + (B 2^-β)/D^β: a family with twice the effective data.
+  twice = Law(HOFFMANN.E, HOFFMANN.A, HOFFMANN.B * 2 ** -HOFFMANN.beta, HOFFMANN.alpha, HOFFMANN.beta)
+  N, D = np.array([1e8, 1e9, 1e10]), np.array([2e9, 2e10, 2e11])
+  mult, d_eq, ok = F.data_multiplier(HOFFMANN, twice, N, D)
+  assert ok.all()
+  np.testing.assert_allclose(mult, 2.0, rtol=1e-10)
+  np.testing.assert_allclose(HOFFMANN.loss(N, d_eq), twice.loss(N, D), rtol=1e-12)
+  # With equal exponents the frontier gain is 2^{β/(α+β)·...}: check against the definition.
+  cm, c_eq, loss, ok = F.compute_multiplier(HOFFMANN, twice, np.array([1e19, 1e22]))
+  assert ok.all() and (cm > 1).all()
+  np.testing.assert_allclose(HOFFMANN.frontier_loss(c_eq), loss, rtol=1e-12)
+
+
+def test_data_multiplier_from_fitted_laws(fits):
+  """Fitting a family generated with 2x effective data recovers a multiplier close to 2."""
+  mult, _, ok = F.data_multiplier(fits["hoffmann_quiet"].law, fits["hoffmann_2x"].law,
+                                  np.array([1e8, 1e9]), np.array([2e9, 2e10]))
+  assert ok.all()
+  np.testing.assert_allclose(mult, 2.0, rtol=0.15)
+
+
+def test_multiplier_undefined_below_baseline_asymptote():
+  better_floor = Law(E=1.2, A=HOFFMANN.A, B=HOFFMANN.B, alpha=HOFFMANN.alpha, beta=HOFFMANN.beta)
+  N, D = np.array([1e9, 1e9]), np.array([1e10, 1e14])
+  mult, d_eq, ok = F.data_multiplier(HOFFMANN, better_floor, N, D)
+  # at D = 1e14 the new loss (≈1.2 + 0.37 + 0.03) is below E_b + A_b/N^α_b ≈ 2.06
+  assert not ok[1] and np.isnan(mult[1]) and np.isnan(d_eq[1])
+  assert better_floor.loss(1e9, 1e14) <= HOFFMANN.asymptote(1e9)
+  cm, _, _, cok = F.compute_multiplier(HOFFMANN, better_floor, np.array([1e30]))
+  assert not cok[0] and np.isnan(cm[0])
+
+
+def test_bootstrap_refits_resamples(fits):
+  N, D, L = synthetic_grid(EPOCH)
+  rows, dropped = F.bootstrap_laws(N, D, L, fits["epoch"], n_boot=6, seed=0)
+  assert rows.shape == (6 - dropped, 5) and dropped <= 1
+  assert np.all(np.isfinite(rows))
+  # E, α, β of every resample stay near the truth on this well-determined grid
+  assert np.all(np.abs(rows[:, [0, 3, 4]] / [EPOCH.E, EPOCH.alpha, EPOCH.beta] - 1) < 0.1)
