@@ -1,0 +1,1 @@
+"""Evaluations of trained models: NLL, zero-shot tasks, probes."""
