@@ -1,0 +1,206 @@
+"""`python -m nsl.bench.attention`: attention under nsl's mask rules, every implementation side by side.
+
+For each rule (causal, window, sps_interleaved, sps_stream_major, delayed, dd_self, dd_cross) and
+each length S (slots), prints one JSON line with
+- `visible_fraction`: visible (query, key) pairs / S², with the benchmark's segment and block ids;
+- `tile_fraction`: (query tile, key tile) pairs a block-sparse kernel visits / all tiles (the
+  static block map of `nsl.masks.block_map` at `--block`), and `tiles_vs_causal_triangle`;
+- `time_s`: forward + backward wall time (median of `--repeats` runs after one compile/warm-up
+  call) of each implementation, measured in the same process, and `chunked_over_xla`.
+
+Pallas kernels are timed only on their own platform (splash on TPU, pallas_gpu on GPU); in
+interpret mode they are correctness tools, not speed measurements, and the line says so under
+`not_timed`. A last line (`"summary": true`) repeats the issue's two SPS figures when S = 4096 is
+in the run: chunked/dense time for SPS stream-major and its tile count over the interleaved
+causal triangle.
+
+All rules use the same S slots; the SPS rules have S/2 tokens. `--tokens` is an alias of
+`--slots` (the issue counts T in slots).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from nsl import attention, masks
+from nsl.errors import ConfigError, NslError, cli_main
+
+RULES = ("causal", "window", "sps_interleaved", "sps_stream_major", "delayed", "dd_self", "dd_cross")
+KERNEL_PLATFORM = {"splash": "tpu", "pallas_gpu": "gpu"}
+
+
+def _sps_layout(num_tokens: int, stream_major: bool, persistent: str) -> masks.Layout:
+  from kernels import rules  # the kernel package's reference SPS layouts
+  return rules.sps_layout(num_tokens, stream_major=stream_major, persistent=persistent)
+
+
+def _dd_blocks(slots: int, seed: int = 0) -> np.ndarray:
+  """Double-decoder block ids: 4 boundaries drawn uniformly in [2, L-2] (REFERENCES §2)."""
+  rng = np.random.default_rng(seed)
+  bounds = np.sort(rng.choice(np.arange(2, slots - 1), size=4, replace=False))
+  return np.searchsorted(bounds, np.arange(slots), side="right").astype(np.int32)[None]
+
+
+def make_case(name: str, slots: int, window: int, batch: int):
+  """(rule, q Slots, k Slots, description) for one benchmark rule. One document per row."""
+  segment = jnp.ones((batch, slots), jnp.int32)
+  causal = masks.Layout.causal(slots)
+  if name == "causal":
+    return masks.Rule(), attention.Slots(causal, segment), {"layout": "causal"}
+  if name == "window":
+    return masks.Rule(persistent_window=window), attention.Slots(causal, segment), {"layout": "causal"}
+  if name in ("sps_interleaved", "sps_stream_major", "delayed"):
+    if slots % 2:
+      raise ConfigError(f"--slots: SPS rules need an even number of slots, got {slots}")
+    stream_major = name != "sps_interleaved"
+    lay = _sps_layout(slots // 2, stream_major, "rho" if name == "delayed" else "x")
+    return (masks.Rule(window=window), attention.Slots(lay, segment),
+            {"layout": "stream_major" if stream_major else "interleaved"})
+  if name in ("dd_self", "dd_cross"):
+    block = jnp.asarray(_dd_blocks(slots))
+    s = attention.Slots(causal, segment, block)
+    rule = masks.Rule(block="same") if name == "dd_self" else masks.Rule(causal=False, block="earlier", sink=True)
+    return rule, s, {"layout": "causal", "blocks": int(block.max()) + 1}
+  raise ConfigError(f"--rules: unknown rule {name!r}; choose from {', '.join(RULES)}")
+
+
+def _fwd_bwd(impl: str, rule, q_slots, k_slots, block: int):
+  def loss(q, k, v, ct):
+    out = attention.attend(q, k, v, rule, q_slots, k_slots, impl=impl, chunk_q=block, chunk_k=block)
+    return jnp.sum(out.astype(jnp.float32) * ct)
+  return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+
+
+def _time(fn, args, repeats: int) -> tuple[float, float]:
+  t0 = time.perf_counter()
+  jax.block_until_ready(fn(*args))  # compile + warm-up
+  first = time.perf_counter() - t0
+  runs = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    runs.append(time.perf_counter() - t0)
+  return statistics.median(runs), first
+
+
+def bench_one(name: str, slots: int, args, platform: str) -> dict:
+  from kernels import rules as kernel_rules
+  rule, s, desc = make_case(name, slots, args.window, args.batch)
+  block = args.block
+  if slots % block:
+    raise ConfigError(f"--block={block} must divide every length in --slots (got {slots})")
+  dyn = s.dynamic()
+  vis = masks.dense_mask(rule, s.layout, s.layout, {n: np.asarray(a) for n, a in dyn.items()},
+                         {n: np.asarray(a) for n, a in dyn.items()})
+  tiles = kernel_rules.tile_lists(rule, s.layout, s.layout, block, block)
+  triangle = kernel_rules.causal_triangle_tiles(slots, block)
+  rec = {"bench": "attention", "rule": name, "slots": slots,
+         "tokens": slots // 2 if name.startswith(("sps", "delayed")) else slots, **desc,
+         "window": args.window if name in ("window", "sps_interleaved", "sps_stream_major", "delayed") else None,
+         "block": block,
+         "visible_fraction": round(float(np.broadcast_to(vis, (args.batch, slots, slots)).mean()), 5),
+         "tiles_visited": tiles.num_visited, "tiles_total": int(tiles.block_map.size),
+         "tile_fraction": round(tiles.fraction_visited, 5),
+         "tiles_vs_causal_triangle": round(tiles.num_visited / triangle, 5),
+         "time_s": {}, "not_timed": {}}
+  key = jax.random.PRNGKey(slots)
+  shape = (args.batch, slots, args.heads, args.head_dim)
+  dtype = jnp.dtype(args.dtype)
+  qkv_ct = [jax.random.normal(k, shape, jnp.float32).astype(dtype) for k in jax.random.split(key, 4)]
+  qkv_ct[3] = qkv_ct[3].astype(jnp.float32)
+  compile_s = {}
+  for impl in args.impls:
+    native = KERNEL_PLATFORM.get(impl)
+    if native is not None and platform != native:
+      rec["not_timed"][impl] = f"interpret mode on {platform}: a correctness tool, not a speed measurement"
+      continue
+    try:
+      rec["time_s"][impl], compile_s[impl] = _time(_fwd_bwd(impl, rule, s, s, block), qkv_ct, args.repeats)
+    except NslError as e:
+      rec["not_timed"][impl] = str(e)
+  rec["time_s"] = {k: round(v, 5) for k, v in rec["time_s"].items()}
+  rec["first_call_s"] = {k: round(v, 3) for k, v in compile_s.items()}
+  if "chunked" in rec["time_s"] and "xla" in rec["time_s"]:
+    rec["chunked_over_xla"] = round(rec["time_s"]["chunked"] / rec["time_s"]["xla"], 4)
+  if not rec["not_timed"]:
+    del rec["not_timed"]
+  return rec
+
+
+def _parse(argv):
+  p = argparse.ArgumentParser(prog="python -m nsl.bench.attention", description=__doc__.split("\n")[0])
+  p.add_argument("--slots", "--tokens", dest="slots", default="1024,2048,4096",
+                 help="comma-separated sequence lengths in slots (--tokens is an alias)")
+  p.add_argument("--impls", default=None,
+                 help="comma-separated from xla,chunked,splash,pallas_gpu (default: xla,chunked plus "
+                      "the platform's kernel)")
+  p.add_argument("--rules", default=",".join(RULES))
+  p.add_argument("--batch", type=int, default=1)
+  p.add_argument("--heads", type=int, default=4)
+  p.add_argument("--head_dim", type=int, default=64)
+  p.add_argument("--block", type=int, default=128, help="tile size: block map, chunked chunks, kernel blocks")
+  p.add_argument("--window", type=int, default=64, help="SPS temporary-key window w / sliding window")
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  args = p.parse_args(argv)
+  try:
+    args.slots = [int(x) for x in args.slots.split(",") if x]
+  except ValueError as e:
+    raise ConfigError(f"--slots must be comma-separated integers, got {args.slots!r}") from e
+  args.rules = [r for r in args.rules.split(",") if r]
+  for r in args.rules:
+    if r not in RULES:
+      raise ConfigError(f"--rules: unknown rule {r!r}; choose from {', '.join(RULES)}")
+  platform = jax.default_backend()
+  if args.impls is None:
+    args.impls = ["xla", "chunked"] + [k for k, v in KERNEL_PLATFORM.items() if v == platform]
+  else:
+    args.impls = [i for i in args.impls.split(",") if i]
+  for i in args.impls:
+    if i not in attention.IMPLS or i == "auto":
+      raise ConfigError(f"--impls: unknown implementation {i!r}; choose from xla, chunked, splash, pallas_gpu")
+  if args.repeats < 1 or args.batch < 1 or args.heads < 1 or args.block < 1:
+    raise ConfigError("--repeats, --batch, --heads and --block must be >= 1")
+  return args, platform
+
+
+@cli_main
+def main(argv=None) -> int:
+  args, platform = _parse(sys.argv[1:] if argv is None else argv)
+  setup = {"platform": platform, "device": jax.devices()[0].device_kind, "jax": jax.__version__,
+           "batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "dtype": args.dtype,
+           "repeats": args.repeats, "timing": "forward+backward (grad of sum(out*ct) w.r.t. q, k, v), "
+           "median after one compile/warm-up call"}
+  summary = {}
+  for slots in args.slots:
+    for name in args.rules:
+      rec = bench_one(name, slots, args, platform)
+      rec["setup"] = setup
+      print(json.dumps(rec), flush=True)
+      if slots == 4096 and name in ("sps_stream_major", "sps_interleaved"):
+        summary[name] = rec
+  if "sps_stream_major" in summary:
+    sm = summary["sps_stream_major"]
+    line = {"bench": "attention", "summary": True, "slots": 4096, "tokens": 2048,
+            "window": args.window, "block": args.block,
+            "sps_stream_major_tiles_vs_interleaved_causal_triangle": sm["tiles_vs_causal_triangle"],
+            "target_tiles": 0.6}
+    if "chunked_over_xla" in sm:
+      line["sps_stream_major_chunked_over_dense"] = sm["chunked_over_xla"]
+      line["target_time"] = 0.7
+    if "sps_interleaved" in summary and "chunked_over_xla" in summary["sps_interleaved"]:
+      line["sps_interleaved_chunked_over_dense"] = summary["sps_interleaved"]["chunked_over_xla"]
+    print(json.dumps(line), flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
