@@ -29,8 +29,12 @@ def _kernel(case, block_q=16, block_k=16):
 def test_matches_dense(name):
   case = CASES[name]
   lse = kc.check_against_dense(case, _kernel(case))
-  if name == "dd_cross":  # the case must really contain empty rows (lse = -inf)
+  if name == "dd_cross":  # the case must really contain empty rows and sink-only rows
     assert np.isneginf(lse).any() and np.isfinite(lse).any()
+    vis = np.asarray(masks.dense_mask(case.rule, case.q_slots.layout, case.k_slots.layout,
+                                      case.q_slots.dynamic(), case.k_slots.dynamic()))
+    sink_only = (vis.sum(-1) == 1) & vis[..., 0]
+    assert sink_only.any()
 
 
 def test_skips_empty_tiles_in_stream_major():

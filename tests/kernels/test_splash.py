@@ -72,3 +72,15 @@ def test_unsupported_blocks_and_layouts_raise_config_error():
   s = attention.Slots(shuffled)
   with pytest.raises(ConfigError, match="periodic-affine runs"):
     splash.attend(q, k, v, case.rule, s, s, block_q=128, block_k=128)
+
+
+@pytest.mark.slow
+def test_dispatch_from_nsl_attention():
+  case = CASES["sps_stream_major"]
+  q, k, v = kc.qkv(case, 2, 32)
+  out, lse = kc.fast_jit(lambda q, k, v: attention.attend(
+      q, k, v, case.rule, case.q_slots, case.k_slots, impl="splash", chunk_q=128, chunk_k=128,
+      return_lse=True))(q, k, v)
+  out_d, lse_d = kc.dense(case)(q, k, v)
+  kc.assert_close(out, out_d, "dispatch out")
+  kc.assert_close(lse, lse_d, "dispatch lse")
