@@ -37,7 +37,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.rope_theta = 10000.0
   c.model.norm_eps = 1e-5
   c.model.init_std = 0.02
-  c.model.dtype = "float32"  # compute dtype; parameters stay float32 ("bfloat16" on accelerators)
+  c.model.dtype = "float32"  # compute dtype: auto (bf16 on accelerators) | float32 | bfloat16; params stay fp32
   c.model.remat = "none"  # none | full | dots
   c.model.attention_impl = "auto"  # auto | xla | chunked | splash | pallas_gpu
   c.model.attention_chunk = 512
@@ -92,7 +92,7 @@ def paper_recipe(c: ml_collections.ConfigDict, size: str, tokens: float = 20e9) 
 
   nsl_config.apply_size(c, size)
   c.model.vocab_size = 50304
-  c.model.dtype = "bfloat16"
+  c.model.dtype = "auto"  # bfloat16 on TPU/GPU, float32 on CPU
   c.data.seq_len = 4096
   c.data.tokenizer = "gpt2"
   c.data.path = "data/fineweb-edu-gpt2"

@@ -31,7 +31,7 @@ SIZES: dict[str, dict[str, int]] = {
 # The published parameter counts of the ladder, for tests and docs.
 LADDER_PARAMS = {"xs": 53e6, "s": 131e6, "m": 379e6, "l": 831e6, "xl": 1.678e9}
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULES = ("wsd", "cosine")
 REMAT = ("none", "full", "dots")
 

@@ -43,6 +43,9 @@ class Dims:
 
   @property
   def compute_dtype(self):
+    """'auto' = bfloat16 on accelerators, float32 on CPU (where bfloat16 matmuls are emulated)."""
+    if self.dtype == "auto":
+      return jnp.dtype(jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
     return jnp.dtype(self.dtype)
 
   @staticmethod

@@ -1,0 +1,125 @@
+"""`python -m nsl.bench.train_step --config=... [--batch=4] [--seq_len=512] [--steps=5]`
+
+Times the real jitted train step of a config on random tokens and prints one JSON line: compile
+time, step time, tokens/s, achieved GFLOP/s (analytic training FLOPs / step time, the convention
+of `nsl.train.loop.FLOPS_CONVENTION`), peak host memory, and, measured in the same process, the
+machine's own fp32 matmul throughput (2048 x 2048 x 2048) as the ceiling, with their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+
+from nsl.errors import cli_main
+
+
+def matmul_ceiling(n: int = 2048, repeats: int = 10) -> float:
+  """Achieved FLOP/s of a jitted n x n fp32 matmul (median of `repeats`)."""
+  import jax
+  import jax.numpy as jnp
+
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
+  f = jax.jit(lambda x, y: x @ y)
+  f(a, b).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    f(a, b).block_until_ready()
+    times.append(time.perf_counter() - t0)
+  return 2 * n**3 / statistics.median(times)
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m nsl.bench.train_step")
+  parser.add_argument("--config", required=True)
+  parser.add_argument("--batch", type=int, default=None, help="global batch (default: the config's)")
+  parser.add_argument("--seq_len", type=int, default=None, help="tokens per row (default: the config's)")
+  parser.add_argument("--steps", type=int, default=5, help="timed steps after the compile step")
+  args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from nsl import config as nsl_config, sharding
+  from nsl.models import registry
+  from nsl.train import state as train_state, step as train_step_lib
+
+  overrides = [tuple(a[len("--config."):].split("=", 1)) for a in rest if a.startswith("--config.")]
+  config = nsl_config.load_config(args.config, overrides)
+  if args.batch:
+    config.train.batch_size = args.batch
+  if args.seq_len:
+    config.data.seq_len = args.seq_len
+    if config.model.window is not None:
+      config.model.window = min(config.model.window, args.seq_len)
+  nsl_config.validate(config, jax.device_count())
+
+  ceiling = matmul_ceiling()
+  family = registry.get_family(config)
+  mesh = sharding.make_mesh(config)
+  optimizer, schedule = train_state.make_optimizer(config), train_state.lr_schedule(config)
+  rules = sharding.rules(config)
+  boxed = jax.eval_shape(lambda r: train_state.create(family.init(r), optimizer), jax.random.PRNGKey(0))
+  with mesh, nn.logical_axis_rules(rules):
+    state_sh = sharding.logical_sharding(boxed, mesh, config)
+  step_fn = train_step_lib.make_train_step(family, optimizer, schedule, config.train.grad_accum)
+
+  def with_rules(fn):
+    def wrapped(*a):
+      with nn.logical_axis_rules(rules):
+        return fn(*a)
+    return wrapped
+
+  batch_sh, repl = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+  init = jax.jit(with_rules(lambda r: train_state.create(nn.unbox(family.init(r)), optimizer)), out_shardings=state_sh)
+  step = jax.jit(with_rules(step_fn), in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
+                 donate_argnums=(0,))
+  b, t = config.train.batch_size, config.data.seq_len
+  rng = np.random.default_rng(0)
+  host_batch = family.dummy_batch(b)
+  host_batch = {k: np.asarray(v) for k, v in host_batch.items()}
+  host_batch["tokens"] = rng.integers(0, config.model.vocab_size, size=host_batch["tokens"].shape, dtype=np.int32)
+  with mesh:
+    state = init(jax.random.PRNGKey(0))
+    batch = sharding.global_batch(host_batch, mesh)
+    key = jax.random.PRNGKey(1)
+    t0 = time.perf_counter()
+    compiled = step.lower(state, batch, key).compile()
+    compile_s = time.perf_counter() - t0
+    state, m = compiled(state, batch, key)  # warm-up
+    jax.block_until_ready(m)
+    times = []
+    for _ in range(args.steps):
+      t0 = time.perf_counter()
+      state, m = compiled(state, batch, key)
+      jax.block_until_ready(m)
+      times.append(time.perf_counter() - t0)
+  step_s = statistics.median(times)
+  tokens = b * t
+  flops = family.flops_per_token() * tokens
+  achieved = flops / step_s
+  print(json.dumps({
+      "config": args.config, "family": config.family, "variant": config.model.variant,
+      "batch": b, "seq_len": t, "tokens_per_step": tokens, "params_total": family.param_counts()["params_total"],
+      "devices": jax.device_count(), "backend": jax.default_backend(),
+      "compile_sec": round(compile_s, 3), "step_sec": round(step_s, 4), "step_sec_all": [round(x, 4) for x in times],
+      "tokens_per_sec": round(tokens / step_s, 1), "flops_per_step": flops,
+      "achieved_gflops": round(achieved / 1e9, 2), "matmul_ceiling_gflops": round(ceiling / 1e9, 2),
+      "fraction_of_ceiling": round(achieved / ceiling, 3),
+      "peak_host_memory_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+      "final_loss": float(m["loss"]),
+  }, sort_keys=True))
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

