@@ -76,3 +76,20 @@ def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, ja
   """Assembles this process's slice of the global batch into global sharded arrays."""
   sharding = batch_sharding(mesh)
   return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local_batch.items()}
+
+
+def check_divisible(abstract_tree, shardings) -> None:
+  """Every sharded dimension must divide evenly over its mesh axes: a clear error otherwise."""
+  flat_shapes = jax.tree_util.tree_flatten_with_path(abstract_tree)[0]
+  flat_sh = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+  for (path, leaf), sh in zip(flat_shapes, flat_sh):
+    for dim, axes in zip(leaf.shape, sh.spec):
+      if axes is None:
+        continue
+      names = axes if isinstance(axes, tuple) else (axes,)
+      size = math.prod(sh.mesh.shape[a] for a in names)
+      if dim % size:
+        name = "/".join(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
+        raise ConfigError(f"parameter {name} dimension {dim} is not divisible by mesh axes {names} of size "
+                          f"{size}; change config.mesh.shape or the model size (e.g. model.vocab_size, "
+                          "model.n_heads)")

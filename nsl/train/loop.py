@@ -93,14 +93,17 @@ def describe(config) -> dict[str, Any]:
 class Trainer:
   """Builds everything a run needs; `run()` trains to `config.train.steps` or a preemption."""
 
-  def __init__(self, config, workdir: str, restore_from: str | None = None, progress: bool = True):
+  def __init__(self, config, workdir: str, restore_from: str | None = None, progress: bool = True,
+               devices=None):
+    """`devices`: the devices of the mesh (default: all). Tests use a subset to compare meshes."""
     self.config, self.workdir, self.restore_from = config, os.path.abspath(workdir), restore_from
     self.progress = progress
-    nsl_config.validate(config, jax.device_count(), jax.process_count())
+    devices = list(devices) if devices is not None else jax.devices()
+    nsl_config.validate(config, len(devices), jax.process_count())
     self.is_main = jax.process_index() == 0
     if self.is_main:
       os.makedirs(self.workdir, exist_ok=True)
-    self.mesh = sharding.make_mesh(config)
+    self.mesh = sharding.make_mesh(config, devices)
     self.family = registry.get_family(config)
     self.manifest = prepare_data(config)
     t = config.train
@@ -113,6 +116,7 @@ class Trainer:
                            jax.random.PRNGKey(0))
     with self.mesh, nn.logical_axis_rules(sharding.rules(config)):
       self.state_sharding = sharding.logical_sharding(boxed, self.mesh, config)
+    sharding.check_divisible(nn.unbox(boxed), self.state_sharding)
     self.abstract_state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                                        nn.unbox(boxed), self.state_sharding)
     self.counts = self.family.param_counts(boxed.params)
@@ -181,6 +185,11 @@ class Trainer:
     start_time = time.time()
     state = self.initial_state()
     start = int(jax.device_get(state.step))
+    finished = self._finished_result(start)
+    if finished is not None:
+      self._log(f"{self.workdir} already finished {start} steps; nothing to do")
+      self.final_state = state
+      return finished
     if self.is_main:
       metrics.write_json(os.path.join(self.workdir, "config.json"), nsl_config.to_dict(cfg))
     writer = metrics.MetricsWriter(self.workdir, enabled=self.is_main)
@@ -200,7 +209,7 @@ class Trainer:
             m = jax.device_get(m)
             now = time.time()
             perf = metrics.throughput((step - tick_step) * self.tokens_per_step, now - tick, self.flops_per_token,
-                                      jax.device_count())
+                                      self.mesh.size)
             tick, tick_step = now, step
             nonfinite_total += int(m["nonfinite"])
             last_loss = float(m["loss"])
@@ -223,7 +232,8 @@ class Trainer:
           if preemption.should_stop(step):
             status = "preempted"
             break
-      self.checkpointer.save(step, state, self.train_iter, meta, force=True)
+      if self.checkpointer.latest_step() != step:
+        self.checkpointer.save(step, state, self.train_iter, meta, force=True)
       self.checkpointer.wait()
       if status == "done":
         eval_loss = self.evaluate(state.params)
@@ -244,6 +254,15 @@ class Trainer:
           plots.loss_curve(self.workdir)
     self.final_state = state
     return result
+
+  def _finished_result(self, step: int) -> dict[str, Any] | None:
+    path = os.path.join(self.workdir, "result.json")
+    if step < self.config.train.steps or not os.path.exists(path):
+      return None
+    import json
+    with open(path) as f:
+      result = json.load(f)
+    return result if result.get("status") == "done" and result.get("steps") == step else None
 
   def _result(self, status, step, last_loss, eval_loss, wall, nonfinite_total) -> dict[str, Any]:
     tokens = step * self.tokens_per_step
