@@ -54,8 +54,9 @@ def init_distributed(args) -> None:
     if not (args.coordinator_address and args.num_processes and args.process_id is not None):
       raise ConfigError("multi-process runs need --coordinator_address, --num_processes and --process_id "
                         "(or NSL_COORDINATOR_ADDRESS / NSL_NUM_PROCESSES / NSL_PROCESS_ID)")
-    if jax.default_backend() == "cpu" or os.environ.get("JAX_PLATFORMS", "") == "cpu":
-      jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # CPU processes need a collectives implementation for cross-process all-reduces; setting it
+    # is harmless on accelerators (it only affects the CPU client). It must precede any JAX call.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=args.coordinator_address, num_processes=args.num_processes,
                                process_id=args.process_id)
   elif args.distributed == "auto":
@@ -65,6 +66,8 @@ def init_distributed(args) -> None:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+  if args.mode == "train":
+    init_distributed(args)  # before anything touches the XLA backend
   from nsl import config as nsl_config
 
   config = nsl_config.load_config(args.config, overrides)
@@ -75,7 +78,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
   if not args.workdir:
     raise ConfigError("--workdir is required for --mode=train")
-  init_distributed(args)
   from nsl.train import loop
 
   result = loop.Trainer(config, args.workdir, restore_from=args.restore_from, progress=not args.quiet).run()
