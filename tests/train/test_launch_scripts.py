@@ -1,0 +1,33 @@
+"""The pod and cluster scripts build the commands the README shows (dry run: nothing is started)."""
+
+import subprocess
+
+from tests.helpers import ROOT
+
+
+def _dry(script, *args, **env):
+  import os
+  out = subprocess.run(["bash", f"launch/{script}", *args], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, NSL_DRY_RUN="1", **env), timeout=60)
+  assert out.returncode == 0, out.stderr
+  return out.stdout
+
+
+def test_tpu_pod_runs_the_launcher_on_every_worker():
+  out = _dry("tpu_pod.sh", "configs/standard_xl.py", "/mnt/runs/xl", "--config.train.steps=10",
+             TPU_NAME="pod", ZONE="us-east5-a")
+  assert "tpu-vm ssh pod" in out and "--worker=all" in out and "--zone=us-east5-a" in out
+  assert "nsl.launch" in out and "--distributed=auto" in out and "--config.train.steps=10" in out
+
+
+def test_gpu_slurm_script_passes_the_process_layout():
+  out = _dry("gpu_slurm.sh", "2", "configs/standard_xl.py", "/shared/xl", GPUS_PER_NODE="4")
+  assert "#SBATCH --nodes=2" in out and "#SBATCH --gpus-per-node=4" in out
+  assert "--num_processes=$SLURM_NTASKS --process_id=$SLURM_PROCID" in out
+  assert "--coordinator_address=" in out and "nsl.launch --config=configs/standard_xl.py" in out
+
+
+def test_scripts_reject_missing_arguments():
+  for script in ("tpu_pod.sh", "gpu_slurm.sh", "local_multiprocess.sh"):
+    out = subprocess.run(["bash", f"launch/{script}"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "usage" in out.stderr
