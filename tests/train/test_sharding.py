@@ -63,3 +63,18 @@ def test_indivisible_parameter_is_a_config_error(data_dir, tmp_path):
   config = _config(data_dir, (1, 1, 8))  # 2 heads over tensor=8
   with pytest.raises(ConfigError, match="not divisible by mesh axes"):
     loop.Trainer(config, str(tmp_path / "run"), progress=False)
+
+
+def test_resume_on_a_different_mesh_reshards_the_state(data_dir, tmp_path, monkeypatch):
+  workdir = str(tmp_path / "run")
+  monkeypatch.setattr(loop._Preemption, "should_stop", lambda self, step: step == 3)
+  first = loop.Trainer(_config(data_dir, (8, 1, 1)), workdir, progress=False).run()
+  assert first["status"] == "preempted"
+  monkeypatch.undo()
+  trainer = loop.Trainer(_config(data_dir, (2, 2, 2)), workdir, progress=False)
+  assert trainer.run()["status"] == "done"
+  wq = trainer.final_state.params["trunk"]["block_0"]["attn"]["wq"]
+  assert wq.sharding.spec == P("fsdp", "tensor", None) and wq.sharding.mesh.shape["tensor"] == 2
+  reference = loop.Trainer(_config(data_dir, (8, 1, 1)), str(tmp_path / "ref"), progress=False)
+  reference.run()
+  np.testing.assert_allclose(_losses(workdir), _losses(tmp_path / "ref"), rtol=1e-4)
