@@ -1,0 +1,394 @@
+"""Scaling grids: definition files -> cells -> runs, resumable across runner kills (REFERENCES §5).
+
+  python -m nsl.scaling.grid list   --grid=configs/grids/X.py
+  python -m nsl.scaling.grid run    --grid=configs/grids/X.py --root=DIR [--backend=local|tpu|ray]
+                                    [--parallel=N] [--retries=2]
+  python -m nsl.scaling.grid status --root=DIR
+
+A grid file defines `get_grid()` returning a dict, or a list of dicts whose cells are united:
+
+  {"base": "configs/tiny.py",                 # config file (relative to the cwd or the repo root)
+   "overrides": {"train.lr": 3e-3},           # every cell, applied before the axes
+   "axes": {                                  # the Cartesian product, in this order
+     "family": ["standard", "sps"],           # any config field, dotted: "model.window", "seed"
+     "size": ["xs", "s"],                     # a ladder size (nsl.config.SIZES) or a dict of fields
+     "tokens": [1e6, 4e6],                    # train.steps = round(tokens / (batch_size * seq_len))
+     "config": ["configs/a.py", ...],         # replaces "base" for the cell
+     "arm": [{"_label": "sps", "family": "sps", "model.variant": "sps"}, ...]}}  # several fields
+
+A dict value sets all its fields (its optional "_label" names it in run ids and tables); "size"
+and "config" may appear inside it. "tokens" is applied last, after batch size and seq_len are
+known. A cell's run id is a readable prefix (its axis labels) plus a hash of its *effective* config
+(sorted JSON of `nsl.config.to_dict` after every override, built exactly as the launcher builds
+it), so the same experiment always gets the same directory, whichever grid file or axis order
+produced it; changing a default in configs/base.py changes every id (a new experiment).
+
+The runner (`nsl.scaling.backends.Runner`) gives every cell ROOT/<run_id>/ with cell.json (base config and
+overrides), status.json (pending / running / done / failed, attempts, times, the command), a lock
+while a runner owns it, launch.log, and the run's own record files (the launcher's workdir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import importlib.util
+import itertools
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from nsl.errors import ConfigError, NslError, cli_main
+
+CELL_FILE, STATUS_FILE, LOCK_FILE, LOG_FILE = "cell.json", "status.json", ".runner.lock", "launch.log"
+SPECIAL = ("config", "size", "tokens")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One run of a grid: a config file plus overrides in launcher (`--config.a.b=v`) form."""
+
+  run_id: str
+  config_path: str  # absolute
+  overrides: tuple[tuple[str, str], ...]  # (field, CLI string), in application order
+  labels: tuple[tuple[str, str], ...]  # (axis, label)
+  config_hash: str
+  family: str
+  variant: str
+  size: str
+  steps: int
+  tokens: int  # steps x batch_size x seq_len: what the run will actually train on
+
+  def launch_args(self, workdir: str) -> list[str]:
+    """Arguments after `python -m nsl.launch`."""
+    return [f"--config={self.config_path}", f"--workdir={workdir}",
+            *(f"--config.{k}={v}" for k, v in self.overrides)]
+
+  def to_json(self) -> dict:
+    d = dataclasses.asdict(self)
+    d["overrides"], d["labels"] = dict(self.overrides), dict(self.labels)
+    return d
+
+
+# -- reading grid files ---------------------------------------------------------------------------
+def load_grid_file(path: str) -> list[dict]:
+  """The sub-grids of a grid file (get_grid() -> dict or list of dicts), checked for shape."""
+  if not os.path.isfile(path):
+    raise ConfigError(f"--grid={path}: no such grid file")
+  spec = importlib.util.spec_from_file_location(f"nsl_grid_{abs(hash(os.path.abspath(path)))}", path)
+  module = importlib.util.module_from_spec(spec)
+  try:
+    spec.loader.exec_module(module)
+    grid = module.get_grid()
+  except AttributeError as e:
+    raise ConfigError(f"grid file {path} must define get_grid(): {e}") from e
+  except Exception as e:  # a grid file is user code: say where it broke
+    raise ConfigError(f"grid file {path} failed to load: {type(e).__name__}: {e}") from e
+  subgrids = grid if isinstance(grid, list) else [grid]
+  for i, g in enumerate(subgrids):
+    where = f"grid file {path}, grid {i}"
+    if not isinstance(g, dict) or set(g) - {"base", "axes", "overrides"}:
+      raise ConfigError(f"{where}: expected a dict with keys base, axes, overrides; got "
+                        f"{sorted(g) if isinstance(g, dict) else type(g).__name__}")
+    axes = g.get("axes", {})
+    if not isinstance(axes, dict) or not all(isinstance(v, (list, tuple)) and v for v in axes.values()):
+      raise ConfigError(f"{where}: 'axes' must map names to non-empty lists of values")
+    if not isinstance(g.get("overrides", {}), dict):
+      raise ConfigError(f"{where}: 'overrides' must be a dict of field -> value")
+    if "base" not in g and "config" not in axes:
+      raise ConfigError(f"{where}: needs 'base' (a config file) or a 'config' axis")
+  return subgrids
+
+
+def resolve_config_path(path: str, grid_path: str | None = None) -> str:
+  """A config path as given, else relative to the grid file's repo, else to nsl's repo."""
+  candidates = [Path(path)]
+  if grid_path and not os.path.isabs(path):
+    grid_dir = Path(grid_path).resolve().parent
+    candidates += [p / path for p in (grid_dir, *grid_dir.parents)][:4]
+  if not os.path.isabs(path):
+    candidates.append(REPO_ROOT / path)
+  for c in candidates:
+    if c.is_file():
+      return str(c.resolve())
+  raise ConfigError(f"config file {path!r} (named in grid {grid_path}) does not exist")
+
+
+# -- expansion ------------------------------------------------------------------------------------
+def cli_value(value: Any, field: str) -> str:
+  """A Python value as the launcher's `--config.field=` string (parsed back by nsl.config)."""
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  if value is None:
+    return "none"
+  if isinstance(value, (str, int)):
+    return str(value)
+  if isinstance(value, float):
+    return repr(value)
+  if isinstance(value, (tuple, list)):
+    return repr(tuple(value))
+  raise ConfigError(f"grid value {value!r} for {field!r} is not a bool, number, string, tuple or None")
+
+
+def _assign(name: str, value: Any, index: int, acc: dict) -> str:
+  """Applies one axis (or override) value to `acc` (config, fields, tokens); returns its label."""
+  from nsl import config as nsl_config
+
+  if isinstance(value, dict):
+    for k, v in value.items():
+      if k != "_label":
+        _assign(k, v, index, acc)
+    return str(value.get("_label", f"{name.split('.')[-1]}{index}"))
+  if name == "config":
+    acc["config"] = str(value)
+    return Path(str(value)).stem
+  if name == "size":
+    if str(value) not in nsl_config.SIZES:
+      raise ConfigError(f"grid size {value!r} is not a ladder size {sorted(nsl_config.SIZES)}; "
+                        "use a dict of model fields for other sizes")
+    for k, v in nsl_config.SIZES[str(value)].items():
+      acc["fields"][f"model.{k}"] = v
+    return str(value)
+  if name == "tokens":
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+      raise ConfigError(f"grid tokens {value!r} must be a positive number")
+    acc["tokens"] = float(value)
+    return human(float(value))
+  acc["fields"][name] = value
+  if name in ("family", "model.variant"):
+    return str(value)
+  return f"{name.split('.')[-1]}{value}"
+
+
+def human(x: float) -> str:
+  """20e9 -> '20B', 1.5e6 -> '1.5M'."""
+  for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+    if abs(x) >= div:
+      return f"{x / div:.3g}{suffix}"
+  return f"{x:.3g}"
+
+
+def config_hash(config_dict: dict) -> str:
+  blob = json.dumps(config_dict, sort_keys=True, separators=(",", ":"))
+  return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def make_run_id(labels: list[str], digest: str) -> str:
+  prefix = "-".join(re.sub(r"[^A-Za-z0-9._]+", "_", label).strip("_") for label in labels if label)
+  return f"{prefix[:60]}-{digest}" if prefix else digest
+
+
+def plan(subgrids: list[dict]) -> list[list[tuple[str, Any, int, bool]]]:
+  """Every cell as its (name, value, index, is_axis) assignments, base and overrides first; no
+  config is loaded (so a grid can be counted before its config files exist)."""
+  cells = []
+  for g in subgrids:
+    fixed = [("config", g["base"], 0, False)] if "base" in g else []
+    fixed += [(k, v, 0, False) for k, v in g.get("overrides", {}).items()]
+    axes = list(g.get("axes", {}).items())
+    for combo in itertools.product(*(list(enumerate(vals)) for _, vals in axes)):
+      cells.append(fixed + [(name, value, i, True) for (name, _), (i, value) in zip(axes, combo)])
+  return cells
+
+
+def _size_name(config) -> str:
+  """The ladder name when the model has a ladder size's dimensions, else dD-LL."""
+  from nsl import config as nsl_config
+
+  for name, dims in nsl_config.SIZES.items():
+    if all(config.model.get(k) == v for k, v in dims.items()):
+      return name
+  return f"d{config.model.d_model}L{config.model.n_layers}"
+
+
+def expand(grid_path: str, validate: bool = True) -> list[Cell]:
+  """The grid's cells in definition order, deduplicated by effective config."""
+  from nsl import config as nsl_config
+
+  cells, seen = [], set()
+  for assignments in plan(load_grid_file(grid_path)):
+    acc: dict = {"config": None, "fields": {}, "tokens": None}
+    labels = []
+    for name, value, index, is_axis in assignments:
+      label = _assign(name, value, index, acc)
+      if is_axis:
+        labels.append((name, label))
+    path = resolve_config_path(acc["config"], grid_path)
+    overrides = [(k, cli_value(v, k)) for k, v in acc["fields"].items()]
+    config = nsl_config.load_config(path, overrides)
+    if acc["tokens"] is not None:
+      per_step = int(config.train.batch_size) * int(config.data.seq_len)
+      steps = str(max(1, int(round(acc["tokens"] / per_step))))
+      overrides = [(k, v) for k, v in overrides if k != "train.steps"] + [("train.steps", steps)]
+      nsl_config.set_field(config, "train.steps", steps)
+    if validate:
+      try:
+        nsl_config.validate(config)
+      except ConfigError as e:
+        raise ConfigError(f"grid {grid_path}, cell {dict(labels)}: {e}") from e
+    digest = config_hash(nsl_config.to_dict(config))
+    if digest in seen:
+      continue
+    seen.add(digest)
+    size = dict(labels).get("size") or _size_name(config)
+    t = config.train
+    cells.append(Cell(
+        run_id=make_run_id([lab for _, lab in labels], digest), config_path=path,
+        overrides=tuple(overrides), labels=tuple(labels), config_hash=digest, family=str(config.family),
+        variant=str(config.model.get("variant", config.family)), size=size, steps=int(t.steps),
+        tokens=int(t.steps) * int(t.batch_size) * int(config.data.seq_len)))
+  return cells
+
+
+# -- cell files -----------------------------------------------------------------------------------
+def _read_json(path: Path) -> dict | None:
+  try:
+    data = json.loads(path.read_text())
+    return data if isinstance(data, dict) else None
+  except (OSError, ValueError):
+    return None
+
+
+def _write_json(path: Path, obj: dict) -> None:
+  from nsl.metrics import write_json  # atomic
+  write_json(str(path), obj)
+
+
+def _stamp() -> str:
+  return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
+
+
+def result_status(cell_dir: Path) -> str | None:
+  """The run's own verdict (result.json `status`: done / failed / preempted), None before one."""
+  result = _read_json(cell_dir / "result.json")
+  return result.get("status") if result else None
+
+
+def update_status(cell_dir: Path, **fields) -> dict:
+  status = _read_json(cell_dir / STATUS_FILE) or {}
+  status.update(fields, updated=_stamp())
+  _write_json(cell_dir / STATUS_FILE, status)
+  return status
+
+
+def _log_tail(cell_dir: Path, lines: int = 5) -> str:
+  try:
+    with open(cell_dir / LOG_FILE, "rb") as f:
+      f.seek(0, os.SEEK_END)
+      f.seek(max(0, f.tell() - 4000))
+      text = f.read().decode("utf-8", "replace")
+  except OSError:
+    return ""
+  return " | ".join([l.strip() for l in text.replace("\r", "\n").splitlines() if l.strip()][-lines:])
+
+
+# -- status ---------------------------------------------------------------------------------------
+def cell_rows(root: Path, run_ids: list[str] | None = None) -> list[dict]:
+  """One row per cell directory (all of ROOT when run_ids is None)."""
+  from nsl.scaling.backends import CellLock
+
+  if not root.is_dir():
+    raise NslError(f"--root={root}: not a directory")
+  if run_ids is None:
+    run_ids = sorted(p.name for p in root.iterdir() if (p / CELL_FILE).is_file())
+  rows = []
+  for run_id in run_ids:
+    d = root / run_id
+    cell, status = _read_json(d / CELL_FILE) or {}, _read_json(d / STATUS_FILE) or {}
+    result = _read_json(d / "result.json") or {}
+    state = status.get("status", "pending")
+    if result.get("status") == "done":
+      state = "done"
+    elif state == "running" and not CellLock.held(d / LOCK_FILE):
+      state = "stale"  # its runner died: the next `run` resumes it
+    val = (result.get("eval") or {}).get("val") if isinstance(result.get("eval"), dict) else None
+    family = cell.get("family", "?")
+    variant = cell.get("variant")
+    rows.append({"run_id": run_id, "family": family if variant in (None, family) else f"{family}/{variant}",
+                 "size": cell.get("size", "?"), "params": result.get("params_total"),
+                 "tokens": cell.get("tokens"), "status": state, "attempts": status.get("attempts", 0),
+                 "val_loss": val})
+  return rows
+
+
+def summarize(root: Path, run_ids: list[str]) -> dict[str, int]:
+  counts: dict[str, int] = {}
+  for row in cell_rows(root, run_ids):
+    counts[row["status"]] = counts.get(row["status"], 0) + 1
+  return counts
+
+
+def format_table(rows: list[dict]) -> str:
+  head = ("run_id", "family", "size", "params", "tokens", "status", "attempts", "val_loss")
+  fmt = {"params": lambda v: human(v) if v else "-", "tokens": lambda v: human(v) if v else "-",
+         "val_loss": lambda v: f"{v:.4f}" if isinstance(v, (int, float)) else "-"}
+  cells = [[fmt.get(k, str)(r[k]) for k in head] for r in rows]
+  widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(head)]
+  lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
+  lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+  return "\n".join(lines)
+
+
+# -- CLI ------------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):  # one line and exit 2, like every nsl user mistake
+    raise NslError(f"{self.prog}: {message}")
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+  p = _Parser(prog="python -m nsl.scaling.grid", description=__doc__.split("\n")[0])
+  sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+  ls = sub.add_parser("list", help="print the expanded cells without running them")
+  ls.add_argument("--grid", required=True)
+  ls.add_argument("--json", action="store_true", help="one JSON object per cell")
+  run = sub.add_parser("run", help="run every unfinished cell")
+  run.add_argument("--grid", required=True)
+  run.add_argument("--root", required=True, help="one directory per cell goes here")
+  run.add_argument("--backend", default="local", choices=("local", "tpu", "ray"))
+  run.add_argument("--parallel", type=int, default=1, help="cells at a time")
+  run.add_argument("--retries", type=int, default=2, help="retries of a failed cell (from its checkpoint)")
+  run.add_argument("--poll_seconds", type=float, default=1.0)
+  run.add_argument("--tpu_script", default="launch/tpu_pod.sh")
+  run.add_argument("--ray_address", default="auto", help="'auto', 'ray://host:port', or 'local'")
+  run.add_argument("--ray_num_cpus", type=float, default=1.0, help="CPUs each cell's task reserves")
+  run.add_argument("--ray_num_gpus", type=float, default=0.0, help="GPUs each cell's task reserves")
+  run.add_argument("--ray_resources", default="", help='custom resources per task, JSON ({"TPU": 4})')
+  st = sub.add_parser("status", help="print a table of the cells under --root")
+  st.add_argument("--root", required=True)
+  st.add_argument("--json", action="store_true")
+  args = p.parse_args(argv)
+
+  if args.command == "status":
+    rows = cell_rows(Path(args.root))
+    print("\n".join(json.dumps(r) for r in rows) if args.json else format_table(rows))
+    return 0
+  cells = expand(args.grid)
+  if args.command == "list":
+    for c in cells:
+      if args.json:
+        print(json.dumps(c.to_json(), sort_keys=True))
+      else:
+        print(f"{c.run_id}  {c.family}/{c.variant}  size={c.size}  steps={c.steps}  tokens={human(c.tokens)}  "
+              f"config={os.path.relpath(c.config_path)}")
+    if not args.json:
+      print(f"{len(cells)} cells")
+    return 0
+  from nsl.scaling.backends import Runner, make_backend
+
+  backend = make_backend(args.backend, tpu_script=args.tpu_script, ray_address=args.ray_address,
+                         ray_num_cpus=args.ray_num_cpus, ray_num_gpus=args.ray_num_gpus,
+                         ray_resources=args.ray_resources)
+  counts = Runner(cells, args.root, backend, args.parallel, args.retries, args.poll_seconds).run()
+  print(format_table(cell_rows(Path(args.root), [c.run_id for c in cells])))
+  return 0 if counts.get("done", 0) == len(cells) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
