@@ -60,6 +60,9 @@ def attend(q, k, v, rule: masks.Rule, q_slots: Slots, k_slots: Slots, *, impl: s
   impl = resolve_impl(impl)
   if impl == "xla":
     out, lse = attend_dense(q, k, v, rule, q_slots.fields(), k_slots.fields())
+  elif impl == "chunked" and q.shape[1] <= chunk_q and k.shape[1] <= chunk_k:
+    # One tile covers everything: the dense computation is the same math with no scan overhead.
+    out, lse = attend_dense(q, k, v, rule, q_slots.fields(), k_slots.fields())
   elif impl == "chunked":
     out, lse = _attend_chunked(q, k, v, rule, q_slots, k_slots, chunk_q, chunk_k)
   else:

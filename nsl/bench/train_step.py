@@ -3,7 +3,8 @@
 Times the real jitted train step of a config on random tokens and prints one JSON line: compile
 time, step time, tokens/s, achieved GFLOP/s (analytic training FLOPs / step time, the convention
 of `nsl.train.loop.FLOPS_CONVENTION`), peak host memory, and, measured in the same process, the
-machine's own fp32 matmul throughput (2048 x 2048 x 2048) as the ceiling, with their ratio.
+machine's own fp32 matmul throughput (2048 x 2048 x 2048) as the ceiling, sampled after every
+timed step so both see the same load, with the median of the per-step ratios.
 """
 
 from __future__ import annotations
@@ -18,21 +19,32 @@ import time
 from nsl.errors import cli_main
 
 
-def matmul_ceiling(n: int = 2048, repeats: int = 10) -> float:
-  """Achieved FLOP/s of a jitted n x n fp32 matmul (median of `repeats`)."""
-  import jax
-  import jax.numpy as jnp
+class MatmulCeiling:
+  """Achieved FLOP/s of a jitted n x n x n fp32 matmul: the machine's own ceiling.
 
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-  b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
-  f = jax.jit(lambda x, y: x @ y)
-  f(a, b).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    f(a, b).block_until_ready()
-    times.append(time.perf_counter() - t0)
-  return 2 * n**3 / statistics.median(times)
+  Sampled between the timed train steps (side by side), so both see the same machine load.
+  """
+
+  def __init__(self, n: int = 2048):
+    import jax
+    import jax.numpy as jnp
+
+    self.n = n
+    self.a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    self.b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
+    self.f = jax.jit(lambda x, y: x @ y)
+    self.f(self.a, self.b).block_until_ready()
+    self.samples: list[float] = []
+
+  def sample(self, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      self.f(self.a, self.b).block_until_ready()
+      times.append(time.perf_counter() - t0)
+    flops = 2 * self.n**3 / min(times)
+    self.samples.append(flops)
+    return flops
 
 
 @cli_main
@@ -63,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
       config.model.window = min(config.model.window, args.seq_len)
   nsl_config.validate(config, jax.device_count())
 
-  ceiling = matmul_ceiling()
+  ceiling = MatmulCeiling()
   family = registry.get_family(config)
   mesh = sharding.make_mesh(config)
   optimizer, schedule = train_state.make_optimizer(config), train_state.lr_schedule(config)
@@ -97,15 +109,16 @@ def main(argv: list[str] | None = None) -> int:
     compile_s = time.perf_counter() - t0
     state, m = compiled(state, batch, key)  # warm-up
     jax.block_until_ready(m)
-    times = []
+    times, ratios = [], []
+    flops = family.flops_per_token() * b * t
     for _ in range(args.steps):
       t0 = time.perf_counter()
       state, m = compiled(state, batch, key)
       jax.block_until_ready(m)
       times.append(time.perf_counter() - t0)
+      ratios.append(flops / times[-1] / ceiling.sample())
   step_s = statistics.median(times)
   tokens = b * t
-  flops = family.flops_per_token() * tokens
   achieved = flops / step_s
   print(json.dumps({
       "config": args.config, "family": config.family, "variant": config.model.variant,
@@ -113,8 +126,11 @@ def main(argv: list[str] | None = None) -> int:
       "devices": jax.device_count(), "backend": jax.default_backend(),
       "compile_sec": round(compile_s, 3), "step_sec": round(step_s, 4), "step_sec_all": [round(x, 4) for x in times],
       "tokens_per_sec": round(tokens / step_s, 1), "flops_per_step": flops,
-      "achieved_gflops": round(achieved / 1e9, 2), "matmul_ceiling_gflops": round(ceiling / 1e9, 2),
-      "fraction_of_ceiling": round(achieved / ceiling, 3),
+      "achieved_gflops": round(achieved / 1e9, 2),
+      "matmul_ceiling_gflops": round(statistics.median(ceiling.samples) / 1e9, 2),
+      # median over steps of (step FLOP/s / the matmul FLOP/s sampled right after that step)
+      "fraction_of_ceiling": round(statistics.median(ratios), 3),
+      "fraction_of_ceiling_all": [round(r, 3) for r in ratios],
       "peak_host_memory_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
       "final_loss": float(m["loss"]),
   }, sort_keys=True))
