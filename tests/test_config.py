@@ -88,3 +88,32 @@ def test_cli_user_errors_exit_2_with_one_line(tmp_path, args, match):
 def test_missing_config_file_exit_2(tmp_path):
   out = run_cli("-m", "nsl.launch", f"--config={tmp_path}/none.py", "--mode=describe")
   assert out.returncode == 2 and "does not exist" in out.stderr
+
+
+def _data_cli(tmp_path, data_dir):
+  from tests.helpers import ROOT
+  cfg = tmp_path / "cfg.py"
+  cfg.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom tests.helpers import tiny_config\n"
+                 f"def get_config():\n  return tiny_config({data_dir!r})\n")
+  return run_cli("-m", "nsl.launch", f"--config={cfg}", f"--workdir={tmp_path / 'run'}")
+
+
+def test_cli_corrupt_shard_exit_2(tmp_path):
+  from tests.helpers import make_corpus
+  data_dir = make_corpus(str(tmp_path), n=4, chars=3000)
+  shard = tmp_path / "data" / "train_00000.bin"
+  shard.write_bytes(shard.read_bytes()[:-10])
+  out = _data_cli(tmp_path, data_dir)
+  assert out.returncode == 2, out.stderr
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1 and "train_00000.bin" in lines[0], out.stderr
+
+
+def test_cli_missing_manifest_exit_2(tmp_path):
+  data_dir = tmp_path / "data"
+  data_dir.mkdir()
+  (data_dir / "train_00000.bin").write_bytes(b"\0" * 64)  # shards without their manifest
+  out = _data_cli(tmp_path, str(data_dir))
+  assert out.returncode == 2, out.stderr
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1 and "manifest" in lines[0], out.stderr
