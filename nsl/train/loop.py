@@ -155,6 +155,7 @@ class Trainer:
     """Latest checkpoint of this workdir, else --restore_from weights, else fresh parameters."""
     latest = self.checkpointer.latest_step()
     if latest is not None:
+      self._check_resumable(self.checkpointer.metadata(latest).get("config", {}))
       state, _ = self.checkpointer.restore(latest, self.abstract_state, self.train_iter)
       self._log(f"resumed from {self.checkpointer.directory}/{latest}")
       return state
@@ -165,6 +166,22 @@ class Trainer:
       state = state.replace(params=params)
       self._log(f"initialised parameters from {self.restore_from} (step {step})")
     return state
+
+  # Fields that define what the saved data position and parameters mean: resuming with other
+  # values would silently train on other data or another model.
+  _RESUME_FIXED = ("family", "seed", "model.variant", "model.d_model", "model.n_layers", "data.path",
+                   "data.seq_len", "train.batch_size")
+
+  def _check_resumable(self, saved: dict[str, Any]) -> None:
+    now = nsl_config.to_dict(self.config)
+    for field in self._RESUME_FIXED:
+      a, b = saved, now
+      for part in field.split("."):
+        a, b = (a or {}).get(part), (b or {}).get(part)
+      if a is not None and a != b:
+        raise ConfigError(f"config.{field}={b!r} differs from the checkpoint in {self.checkpointer.directory} "
+                          f"({a!r}); resume with the same value, or use a new --workdir (with --restore_from "
+                          "to start from these weights)")
 
   def _log(self, msg: str) -> None:
     if self.is_main and self.progress:

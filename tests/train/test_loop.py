@@ -129,3 +129,13 @@ def test_preempted_run_resumes_to_identical_parameters(data_dir, tmp_path, monke
   assert result["status"] == "done" and result["steps"] == 8
   for a, b in zip(jax.tree.leaves(_params(full)), jax.tree.leaves(_params(resumed))):
     np.testing.assert_array_equal(a, b)
+
+
+def test_resume_refuses_a_changed_batch_size(data_dir, tmp_path, monkeypatch):
+  config = tiny_config(data_dir, **{"train.steps": 4})
+  monkeypatch.setattr(loop._Preemption, "should_stop", lambda self, step: step == 2)
+  loop.Trainer(config, str(tmp_path / "run"), progress=False).run()
+  monkeypatch.undo()
+  changed = tiny_config(data_dir, **{"train.steps": 4, "train.batch_size": 16})
+  with pytest.raises(loop.ConfigError, match="train.batch_size=16 differs from the checkpoint"):
+    loop.Trainer(changed, str(tmp_path / "run"), progress=False).run()
