@@ -1,0 +1,232 @@
+"""Mean NLL per token of a trained run on held-out token sets: `python -m nsl.evals.nll`.
+
+  python -m nsl.evals.nll --workdir=RUN [--data=DIR | --data=NAME=DIR ...] [--split=val]
+                          [--max_batches=N] [--batch_size=B]
+
+Without --data: the run's own data (config `data.path`, relative paths resolved from the current
+directory as the run resolved them), recorded as eval["val"] (eval["<split>"] for another split).
+Each --data is another directory prepared with `nsl.data.prepare`, e.g. an out-of-distribution
+corpus, recorded as eval["NAME"] (default NAME: the directory's basename; "NAME_<split>" for a
+split other than val). It must use the run's tokenizer: the same spec and the same tokenizer
+file, or NslError — NLLs under different tokenizers are not comparable.
+
+The batches are the trainer's evaluation batches (`pipeline.make_eval_batches`: consecutive
+windows of seq_len + 1 tokens, no shuffle, default batch = train.batch_size / grad_accum) and the
+NLL is summed over the weighted targets of the family's own loss and divided by their count, so
+`--max_batches=<train.eval_batches>` reproduces the trainer's final eval. Default: the whole split.
+Results merge into RUN/result.json (`eval`, and `eval_details` with what was measured how),
+written atomically, and print as one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+
+from nsl.errors import ConfigError, DataError, NslError, cli_main
+
+
+class Parser(argparse.ArgumentParser):
+  """argparse whose mistakes are NslErrors: one line on stderr and exit status 2."""
+
+  def error(self, message):
+    raise NslError(f"{self.prog}: {message}")
+
+
+def check_workdir(workdir: str) -> dict:
+  """The run's config.json as a dict; NslError naming what is missing."""
+  if not os.path.isdir(workdir):
+    raise NslError(f"--workdir={workdir}: no such run directory")
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    raise NslError(f"--workdir={workdir}: no config.json (not a run directory, or the run never started)")
+  if not os.path.isdir(os.path.join(workdir, "checkpoints")):
+    raise NslError(f"--workdir={workdir}: no checkpoints directory; train the run first")
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:
+    raise NslError(f"{path}: malformed JSON at line {e.lineno}: {e.msg}") from None
+
+
+def _load_run(workdir: str):
+  """(config, family, params) of a trained run: its config.json and the parameters of its latest
+  checkpoint, sharded as in training on a mesh of this host's devices (the config's mesh, or
+  all devices data-parallel when that mesh does not fit here).
+
+  Private stand-in for `nsl.evals.common.load_run`, which is being written in parallel.
+  """
+  import flax.linen as nn
+  import jax
+  import ml_collections
+
+  from nsl import checkpoint, sharding
+  from nsl.models import registry
+  from nsl.train import state as train_state
+
+  config = ml_collections.ConfigDict(check_workdir(workdir))
+  family = registry.get_family(config)
+  try:
+    mesh = sharding.make_mesh(config)
+  except ConfigError:
+    config.mesh.shape = [-1, 1, 1]
+    mesh = sharding.make_mesh(config)
+  optimizer = train_state.make_optimizer(config)
+  boxed = jax.eval_shape(lambda r: train_state.create(family.init(r), optimizer), jax.random.PRNGKey(0))
+  with mesh, nn.logical_axis_rules(sharding.rules(config)):
+    shardings = sharding.logical_sharding(boxed, mesh, config)
+  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), nn.unbox(boxed),
+                          shardings)
+  params, _ = checkpoint.restore_params(workdir, abstract)
+  return config, family, params
+
+
+def mesh_of(params):
+  """The mesh the parameters live on (None when they are not on a named mesh)."""
+  import jax
+
+  sh = getattr(jax.tree.leaves(params)[0], "sharding", None)
+  return getattr(sh, "mesh", None)
+
+
+def run_data_dir(config) -> str:
+  path = str(config.data.path)
+  if not os.path.isdir(path):
+    raise DataError(f"the run's data dir {path!r} (config data.path) is not here; run from the directory "
+                    "the run was launched from, or pass --data=DIR")
+  return path
+
+
+def tokenizer_fingerprint(data_dir: str, manifest: dict) -> str:
+  """The tokenizer spec plus a hash of its file (two BPEs trained on different text differ)."""
+  from nsl.data.tokenizers import BpeTokenizer, Gpt2Tokenizer
+
+  spec = manifest["tokenizer"]
+  digest = ""
+  default = {"bpe": BpeTokenizer.FILE, "gpt2": Gpt2Tokenizer.FILE}.get(spec.get("name"))
+  if default:
+    path = os.path.join(data_dir, spec.get("file", default))
+    if os.path.isfile(path):
+      with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+  return json.dumps(spec, sort_keys=True) + digest
+
+
+def evaluate(family, params, config, data_dir: str, split: str, batch_size: int,
+             max_batches: int | None) -> dict:
+  """{"nll", "tokens", "batches"}: mean NLL per target over the split's evaluation batches."""
+  import flax.linen as nn
+  import jax
+
+  from nsl import sharding
+  from nsl.data import pipeline
+  from nsl.train import step as train_step_lib
+
+  batches = pipeline.make_eval_batches(data_dir, split, seq_len=int(config.data.seq_len), batch_size=batch_size,
+                                       max_batches=max_batches)
+  mesh, rules = mesh_of(params), sharding.rules(config)
+  step_fn = train_step_lib.make_eval_step(family)
+
+  def with_rules(*args):
+    with nn.logical_axis_rules(rules):
+      return step_fn(*args)
+
+  eval_step = jax.jit(with_rules)
+  total = count = 0.0
+  with (mesh if mesh is not None else _null()):
+    for batch in batches:
+      batch = sharding.global_batch(batch, mesh) if mesh is not None else batch
+      s, w = eval_step(params, batch)
+      total += float(s)
+      count += float(w)
+  if count == 0:
+    raise DataError(f"{split} split of {data_dir}: no scored tokens in {len(batches)} batches")
+  return {"nll": total / count, "tokens": int(count), "batches": len(batches)}
+
+
+class _null:
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    return False
+
+
+def merge_result(workdir: str, key: str, values: dict, details: dict | None = None) -> dict:
+  """Merges `values` into result.json[key] (and `details` into result.json["eval_details"])."""
+  from nsl.metrics import write_json
+
+  path = os.path.join(workdir, "result.json")
+  result = {}
+  if os.path.isfile(path):
+    try:
+      with open(path, encoding="utf-8") as f:
+        result = json.load(f)
+    except json.JSONDecodeError as e:
+      raise NslError(f"{path}: malformed JSON at line {e.lineno}: {e.msg}") from None
+  result.setdefault(key, {}).update(values)
+  if details:
+    result.setdefault("eval_details", {}).update(details)
+  write_json(path, result)
+  return result
+
+
+def _parse_data(spec: str) -> tuple[str, str]:
+  name, sep, path = spec.partition("=")
+  if not sep:
+    path, name = spec, os.path.basename(os.path.normpath(spec))
+  if not name or not path:
+    raise NslError(f"--data={spec!r}: expected DIR or NAME=DIR")
+  return name, path
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+  p = Parser(prog="python -m nsl.evals.nll", description=__doc__.split("\n")[0])
+  p.add_argument("--workdir", required=True, help="the run's directory")
+  p.add_argument("--data", action="append", default=[], help="DIR or NAME=DIR prepared with nsl.data.prepare "
+                 "(repeatable; default: the run's own data)")
+  p.add_argument("--split", default="val", help="split of every data dir to score (default val)")
+  p.add_argument("--max_batches", type=int, default=None, help="at most this many batches per set")
+  p.add_argument("--batch_size", type=int, default=None, help="sequences per batch (default: the run's)")
+  args = p.parse_args(sys.argv[1:] if argv is None else argv)
+  if args.max_batches is not None and args.max_batches < 1:
+    raise NslError(f"--max_batches={args.max_batches}: must be >= 1")
+  sets = [_parse_data(d) for d in args.data]
+  check_workdir(args.workdir)
+  from nsl.data.prepare import load_manifest
+
+  for _, path in sets:
+    load_manifest(path)  # a missing or broken data dir fails before the model loads
+  config, family, params = _load_run(args.workdir)
+  own_dir = run_data_dir(config)
+  own = tokenizer_fingerprint(own_dir, load_manifest(own_dir))
+  batch_size = args.batch_size or int(config.train.batch_size) // int(config.train.grad_accum)
+  if not sets:
+    sets = [(args.split, own_dir)]
+  values, details = {}, {}
+  for name, path in sets:
+    manifest = load_manifest(path)
+    if tokenizer_fingerprint(path, manifest) != own:
+      raise DataError(f"--data={path}: tokenized with {manifest['tokenizer']}, but the run used "
+                      f"{load_manifest(own_dir)['tokenizer']} from {own_dir}; prepare it with the run's tokenizer")
+    if manifest["vocab_size"] > int(config.model.vocab_size):
+      raise DataError(f"--data={path}: {manifest['vocab_size']} token ids exceed the model's vocabulary "
+                      f"{config.model.vocab_size}")
+    key = name if (path == own_dir and not args.data) or args.split == "val" else f"{name}_{args.split}"
+    r = evaluate(family, params, config, path, args.split, batch_size, args.max_batches)
+    values[key] = r["nll"]
+    details[key] = {"data": os.path.abspath(path), "split": args.split, "tokens": r["tokens"],
+                    "batches": r["batches"], "batch_size": batch_size, "seq_len": int(config.data.seq_len)}
+  merge_result(args.workdir, "eval", values, details)
+  print(json.dumps({"eval": values, "eval_details": details}, sort_keys=True))
+  return 0
+
+
+if __name__ == "__main__":  # run the imported module, so its warnings are not attributed to __main__
+  from nsl.evals.nll import main as _main
+
+  sys.exit(_main())

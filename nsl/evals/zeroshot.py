@@ -1,0 +1,162 @@
+"""Zero-shot task scores of a trained run: `python -m nsl.evals.zeroshot`.
+
+  python -m nsl.evals.zeroshot --workdir=RUN --task=arc_easy=PATH.jsonl [--task=lambada=PATH ...]
+                               [--limit=N] [--batch_size=16]
+
+Tasks (arc_easy, hellaswag, piqa, sciq, lambada) are read and scored by
+`nsl.evals.zeroshot_tasks.score_task`; this module supplies its `loglik(requests)` from the run's
+model the way lm-evaluation-harness does:
+  - tokens: the run's tokenizer (from its data manifest). A context's trailing spaces move to the
+    continuation; continuation tokens = enc(context + continuation)[len(enc(context)):]; an empty
+    context becomes [EOS];
+  - rows: (context + continuation)[-(seq_len + 1):], so long contexts are cut from the left; the
+    model sees row[:-1], right-padded to seq_len (padding is segment 0, which no real token
+    attends to) and batched `--batch_size` rows at a time, longest first;
+  - result: the summed log-probability of the continuation tokens and whether each one is the
+    argmax (greedy).
+The forward pass is generic over families: `family.logits(params, tokens_BT, segment_BT)` when
+the family defines it, else `family.token_logits(params, batch)` (a batch of seq_len + 1 tokens,
+logits aligned with its inputs), else `family.model.apply({"params": params}, tokens_BT,
+segment_BT)`; each must return next-token logits [B, T, V].
+Scores merge into RUN/result.json under `zeroshot` (atomically) and print as one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+from nsl.errors import NslError, cli_main
+from nsl.evals import zeroshot_tasks
+from nsl.evals.nll import Parser, check_workdir, merge_result, mesh_of, run_data_dir
+
+
+def encode_pair(tokenizer, context: str, continuation: str, eos_id: int) -> tuple[list[int], list[int]]:
+  """lm-evaluation-harness `_encode_pair`: context and continuation token ids."""
+  n_spaces = len(context) - len(context.rstrip())
+  if n_spaces:
+    context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+  if not context:
+    return [eos_id], list(tokenizer.encode(continuation))
+  whole = list(tokenizer.encode(context + continuation))
+  context_ids = list(tokenizer.encode(context))
+  return context_ids, whole[len(context_ids):]
+
+
+def forward_fn(family):
+  """(params, tokens [B, T+1], segment [B, T+1]) -> next-token logits [B, T, V]: the family's hook."""
+  if callable(getattr(family, "logits", None)):
+    return lambda p, tok, seg: family.logits(p, tok[:, :-1], seg[:, :-1])
+  if callable(getattr(family, "token_logits", None)):
+    return lambda p, tok, seg: family.token_logits(p, {"tokens": tok, "segment": seg})
+  return lambda p, tok, seg: family.model.apply({"params": p}, tok[:, :-1], seg[:, :-1])
+
+
+def make_loglik(family, params, config, tokenizer, eos_id: int, batch_size: int = 16):
+  """The `loglik(requests) -> [(summed logprob, all greedy)]` callable of `score_task`."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+
+  from nsl import sharding
+
+  seq_len, mesh = int(config.data.seq_len), mesh_of(params)
+  rules = sharding.rules(config)
+  forward = forward_fn(family)
+  if mesh is not None:  # rows must split evenly over the data-parallel devices
+    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    batch_size = -(-batch_size // dp) * dp
+
+  @jax.jit
+  def score(p, tok_BT1, seg_BT1):
+    with nn.logical_axis_rules(rules):
+      logits = forward(p, tok_BT1, seg_BT1)
+    if logits.ndim != 3 or logits.shape[:2] != (tok_BT1.shape[0], seq_len):
+      raise NslError(f"family {config.family!r} returned logits of shape {logits.shape}; define "
+                     "Family.logits(params, tokens_BT, segment_BT) -> [B, T, V]")
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    targets = tok_BT1[:, 1:]
+    lp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return lp, jnp.argmax(logits, axis=-1) == targets
+
+  def loglik(requests):
+    pairs = [encode_pair(tokenizer, ctx, cont, eos_id) for ctx, cont in requests]
+    order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
+    out: list = [None] * len(pairs)
+    for start in range(0, len(order), batch_size):
+      rows = order[start:start + batch_size]
+      tok = np.full((batch_size, seq_len + 1), eos_id, np.int32)
+      seg = np.zeros((batch_size, seq_len + 1), np.int32)
+      lengths = []
+      for r, i in enumerate(rows):
+        ctx, cont = pairs[i]
+        whole = (ctx + cont)[-(seq_len + 1):]
+        tok[r, :len(whole)], seg[r, :len(whole)] = whole, 1
+        lengths.append((len(whole) - 1, min(len(cont), len(whole) - 1)))
+      if mesh is not None:
+        with mesh:
+          batch = sharding.global_batch({"tokens": tok, "segment": seg}, mesh)
+          lp, greedy = score(params, batch["tokens"], batch["segment"])
+      else:
+        lp, greedy = score(params, tok, seg)
+      lp, greedy = np.asarray(lp), np.asarray(greedy)
+      for r, (i, (n_in, k)) in enumerate(zip(rows, lengths)):
+        out[i] = (float(lp[r, n_in - k:n_in].sum()), bool(greedy[r, n_in - k:n_in].all()))
+    return out
+
+  return loglik
+
+
+def _parse_task(spec: str) -> tuple[str, str]:
+  task, sep, path = spec.partition("=")
+  if not sep or not path:
+    raise NslError(f"--task={spec!r}: expected TASK=PATH.jsonl with TASK one of {sorted(zeroshot_tasks.READERS)}")
+  if task not in zeroshot_tasks.READERS:
+    raise NslError(f"--task={spec!r}: unknown task {task!r}; known: {sorted(zeroshot_tasks.READERS)}")
+  if not os.path.isfile(path):
+    raise NslError(f"--task={spec!r}: no such task file {path}")
+  return task, path
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+  p = Parser(prog="python -m nsl.evals.zeroshot", description=__doc__.split("\n")[0])
+  p.add_argument("--workdir", required=True, help="the run's directory")
+  p.add_argument("--task", action="append", required=True,
+                 help=f"TASK=PATH.jsonl, TASK one of {sorted(zeroshot_tasks.READERS)} (repeatable)")
+  p.add_argument("--limit", type=int, default=None, help="first N examples of each file")
+  p.add_argument("--batch_size", type=int, default=16, help="rows per forward pass")
+  args = p.parse_args(sys.argv[1:] if argv is None else argv)
+  if args.limit is not None and args.limit < 1:
+    raise NslError(f"--limit={args.limit}: must be >= 1")
+  if args.batch_size < 1:
+    raise NslError(f"--batch_size={args.batch_size}: must be >= 1")
+  tasks = [_parse_task(t) for t in args.task]
+  for task, path in tasks:  # malformed files fail before the model loads
+    zeroshot_tasks.read_examples(path, task, args.limit)
+  check_workdir(args.workdir)
+  from nsl.data import prepare, tokenizers
+  from nsl.evals.nll import _load_run
+
+  config, family, params = _load_run(args.workdir)
+  data_dir = run_data_dir(config)
+  manifest = prepare.load_manifest(data_dir)
+  tokenizer = tokenizers.load_tokenizer(manifest["tokenizer"], data_dir)
+  loglik = make_loglik(family, params, config, tokenizer, int(manifest["eos_id"]), args.batch_size)
+  scores = {}
+  for task, path in tasks:
+    score = zeroshot_tasks.score_task(path, task, loglik, args.limit)
+    score = {k: None if isinstance(v, float) and not np.isfinite(v) else v for k, v in score.items()}
+    scores[task] = dict(score, path=os.path.abspath(path), limit=args.limit)  # NaN stderr (n = 1) -> null
+  merge_result(args.workdir, "zeroshot", scores)
+  print(json.dumps({"zeroshot": scores}, sort_keys=True))
+  return 0
+
+
+if __name__ == "__main__":  # run the imported module, so its warnings are not attributed to __main__
+  from nsl.evals.zeroshot import main as _main
+
+  sys.exit(_main())
