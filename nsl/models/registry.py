@@ -9,6 +9,8 @@ from nsl.errors import ConfigError
 
 FAMILIES: dict[str, str] = {
     "standard": "nsl.models.transformer:StandardFamily",
+    "double_decoder": "nsl.models.double_decoder:DoubleDecoderFamily",
+    "sed": "nsl.models.sed:SEDFamily",
 }
 
 

@@ -360,49 +360,44 @@ class Runner:
     self.stop_requested += 1
 
   def run(self) -> dict[str, int]:
-    import signal
-
     self._prepare()
     queue = [c for c in self.cells if result_status(self.root / c.run_id) != "done"]
     self._say(f"{len(self.cells)} cells, {len(self.cells) - len(queue)} done, {len(queue)} to run on "
               f"{self.backend.name} x{self.parallel} under {self.root}")
     previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    active: dict[str, tuple] = {}  # run_id -> (cell, handle, lock, started)
+    active: dict[str, tuple] = {}  # run_id -> (cell, handle, lock, started, slot)
     failures: dict[str, int] = {}
     preemptions: dict[str, int] = {}
     busy_elsewhere: set[str] = set()
-    final: dict[str, str] = {}
     terminated = False
     try:
       while queue or active:
         if self.stop_requested and not terminated:
           self._say(f"stopping: SIGTERM to {len(active)} run(s), which checkpoint and exit")
-          for _, handle, _, _ in active.values():
+          for _, handle, *_ in active.values():
             self.backend.terminate(handle)
           queue, terminated = [], True
         if self.stop_requested > 1:
-          for _, handle, _, _ in active.values():
+          for _, handle, *_ in active.values():
             self.backend.kill(handle)
         while queue and len(active) < self.parallel and not self.stop_requested:
           cell = queue.pop(0)
-          started = self._start(cell, len(active), busy_elsewhere, final)
+          slot = min(set(range(self.parallel)) - {a[4] for a in active.values()})
+          started = self._start(cell, slot, busy_elsewhere)
           if started:
             active[cell.run_id] = started
-        for run_id, (cell, handle, lock, t0) in list(active.items()):
+        for run_id, (cell, handle, lock, t0, _) in list(active.items()):
           rc = self.backend.poll(handle)
           if rc is None:
             lock.heartbeat()
             continue
           del active[run_id]
-          verdict = self._finish(cell, rc, lock, t0, failures, preemptions)
-          if verdict == "retry":
+          if self._finish(cell, rc, lock, t0, failures, preemptions) == "retry":
             queue.append(cell)
-          else:
-            final[run_id] = verdict
         if active or queue:
           time.sleep(self.poll_seconds)
     finally:
-      for cell, handle, lock, _ in active.values():  # only on an exception in this loop
+      for cell, handle, lock, *_ in active.values():  # only on an exception in this loop
         self.backend.kill(handle)
         update_status(self.root / cell.run_id, status="pending", note="runner crashed")
         lock.release()
@@ -414,7 +409,7 @@ class Runner:
               + (f"; {len(busy_elsewhere)} owned by another runner" if busy_elsewhere else ""))
     return counts
 
-  def _start(self, cell: Cell, slot: int, busy_elsewhere: set, final: dict):
+  def _start(self, cell: Cell, slot: int, busy_elsewhere: set):
     d = self.root / cell.run_id
     lock = CellLock.acquire(d / LOCK_FILE)
     if lock is None:
@@ -424,7 +419,6 @@ class Runner:
     if result_status(d) == "done":  # finished since we looked (another runner)
       update_status(d, status="done")
       lock.release()
-      final[cell.run_id] = "done"
       return None
     status = _read_json(d / STATUS_FILE) or {}
     attempt = int(status.get("attempts", 0)) + 1
@@ -436,7 +430,7 @@ class Runner:
     update_status(d, status="running", attempts=attempt, started=_stamp(), finished=None, command=command,
                   cwd=os.getcwd(), backend=self.backend.name, runner_pid=os.getpid(), child_pid=handle.pid)
     self._say(f"start {cell.run_id} (attempt {attempt}{', resuming' if resumed else ''})")
-    return cell, handle, lock, time.time()
+    return cell, handle, lock, time.time(), slot
 
   def _finish(self, cell: Cell, rc: int, lock, t0: float, failures: dict, preemptions: dict) -> str:
     d = self.root / cell.run_id

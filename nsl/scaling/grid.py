@@ -295,8 +295,10 @@ def cell_rows(root: Path, run_ids: list[str] | None = None) -> list[dict]:
 
   if not root.is_dir():
     raise NslError(f"--root={root}: not a directory")
-  if run_ids is None:
-    run_ids = sorted(p.name for p in root.iterdir() if (p / CELL_FILE).is_file())
+  if run_ids is None:  # the last grid's order (grid.json), then any other cells by name
+    listed = (_read_json(root / "grid.json") or {}).get("cells", [])
+    present = sorted(p.name for p in root.iterdir() if (p / CELL_FILE).is_file())
+    run_ids = [r for r in listed if r in present] + [r for r in present if r not in listed]
   rows = []
   for run_id in run_ids:
     d = root / run_id
