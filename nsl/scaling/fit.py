@@ -76,7 +76,12 @@ class Law:
 
   @property
   def G(self) -> float:
-    return (self.alpha * self.A / (self.beta * self.B)) ** (1.0 / (self.alpha + self.beta))
+    """(αA/(βB))^{1/(α+β)}; NaN where undefined (a non-positive exponent, e.g. a degenerate
+    bootstrap resample), never a complex number."""
+    base = self.alpha * self.A / (self.beta * self.B) if self.beta * self.B != 0 else float("nan")
+    if not (base > 0 and self.alpha + self.beta > 0):
+      return float("nan")
+    return float(base ** (1.0 / (self.alpha + self.beta)))
 
   @property
   def n_exponent(self) -> float:
