@@ -1,0 +1,7 @@
+"""sed at the double-decoder paper's 50m width with its recipe (configs/dd_recipe.py, REFERENCES §2)."""
+
+from configs import dd_recipe
+
+
+def get_config():
+  return dd_recipe.paper("sed", "50m")

@@ -1,0 +1,172 @@
+"""Cached generation for the double decoder, and its KV-cache / decode-speed comparison with a
+decoder-only model of matched size (REFERENCES §2 "Inference").
+
+Generation treats the prompt as context and the generated tokens as one new block that starts
+at the *last prompt token* (position P-1): that token's generation-decoder output predicts the
+first new token, as in training, where the last position of a block predicts the next block's
+first token from inside its own block.
+
+- **prefill**: the context decoder runs once over prompt[:P-1] (the earlier blocks); each
+  generation layer projects the latents to its cross K/V, which are cached ([Lg, B, P-1, H, Dh]);
+  the context decoder's own K/V are not kept. Then the last prompt token is decoded.
+- **decode**: one token at a time through the generation decoder only: self K/V of the current
+  block in a cache of `new_tokens` slots, cross attention to the cached context K/V, merged by LSE.
+Per token of context the cache holds Lg layers of K and V (vs all L layers for decoder-only):
+a third of decoder-only's with the 2:1 split. Longer outputs than one block would re-prefill the
+context with the grown prompt and start a new block; not implemented here.
+
+`generate_uncached` is the reference: full recomputation with `DoubleDecoder.__call__` and block
+ids [0]*(P-1) + [1]*rest at every step.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from nsl.models.double_decoder import DoubleDecoder
+
+
+def _sample(logits_BV, rng, temperature: float):
+  if temperature == 0:
+    return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+  return jax.random.categorical(rng, logits_BV / temperature, axis=-1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def prefill(model: DoubleDecoder, params, prompt_BP, new_tokens: int):
+  """(logits of the first new token [B, V], cache) for a prompt of P >= 2 tokens."""
+  b, p = prompt_BP.shape
+  ctx = prompt_BP[:, :p - 1]
+  cross_k, cross_v = model.apply({"params": params}, ctx, jnp.ones_like(ctx), method=DoubleDecoder.cross_cache)
+  dims = model.dims
+  shape = (model.gen_layers, b, new_tokens, dims.n_heads, dims.head_dim)
+  self_k = jnp.zeros(shape, cross_k.dtype)
+  start = jnp.int32(p - 1)
+  logits, self_k, self_v = model.apply({"params": params}, prompt_BP[:, p - 1], start, cross_k, cross_v, start,
+                                       self_k, jnp.zeros_like(self_k), start, method=DoubleDecoder.gen_step)
+  return logits, {"cross_k": cross_k, "cross_v": cross_v, "self_k": self_k, "self_v": self_v, "start": start}
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+def decode_loop(model: DoubleDecoder, params, cache, logits_BV, steps: int, temperature: float, rng):
+  """Samples `steps` tokens from the prefill's logits onwards; returns (tokens, logits, cache)."""
+  rngs = jax.random.split(rng, steps)
+  first = _sample(logits_BV, rngs[0], temperature)
+  n_cross = cache["cross_k"].shape[2]
+
+  def body(carry, xs):
+    sk, sv, token = carry
+    index, key = xs
+    logits, sk, sv = model.apply({"params": params}, token, index, cache["cross_k"], cache["cross_v"], n_cross,
+                                 sk, sv, cache["start"], method=DoubleDecoder.gen_step)
+    nxt = _sample(logits, key, temperature)
+    return (sk, sv, nxt), (nxt, logits)
+
+  idx = cache["start"] + 1 + jnp.arange(steps - 1, dtype=jnp.int32)
+  (sk, sv, _), (toks, lg) = jax.lax.scan(body, (cache["self_k"], cache["self_v"], first), (idx, rngs[1:]))
+  tokens = jnp.concatenate([first[:, None], toks.T], axis=1)
+  logits = jnp.concatenate([logits_BV[:, None], jnp.swapaxes(lg, 0, 1)], axis=1)
+  return tokens, logits, dict(cache, self_k=sk, self_v=sv)
+
+
+def generate(family, params, prompt_BP, new_tokens: int, *, temperature: float = 0.0, rng=None):
+  """`new_tokens` tokens after the prompt [B, P] with the cache: (tokens [B, N], logits [B, N, V])."""
+  if new_tokens < 1 or prompt_BP.shape[1] < 2:
+    raise ValueError("need new_tokens >= 1 and a prompt of at least 2 tokens")
+  rng = jax.random.PRNGKey(0) if rng is None else rng
+  prompt = jnp.asarray(prompt_BP, jnp.int32)
+  logits, cache = prefill(family.model, params, prompt, int(new_tokens))
+  tokens, all_logits, _ = decode_loop(family.model, params, cache, logits, int(new_tokens), float(temperature), rng)
+  return tokens, all_logits
+
+
+def generate_uncached(family, params, prompt_BP, new_tokens: int, *, temperature: float = 0.0, rng=None):
+  """Reference: recompute the whole sequence at every step (the training forward)."""
+  rng = jax.random.PRNGKey(0) if rng is None else rng
+  rngs = jax.random.split(rng, new_tokens)
+  prompt = jnp.asarray(prompt_BP, jnp.int32)
+  b, p = prompt.shape
+  # One fixed-length buffer (one compile): positions after the current one are causally invisible.
+  seq = jnp.concatenate([prompt, jnp.zeros((b, new_tokens), jnp.int32)], axis=1)
+  block = (jnp.arange(p + new_tokens) >= p - 1).astype(jnp.int32)[None]
+  apply = jax.jit(lambda prm, t: family.model.apply({"params": prm}, t, jnp.ones_like(t), block))
+  toks, logits = [], []
+  for k in range(new_tokens):
+    lg = apply(params, seq)[:, p - 1 + k]
+    nxt = _sample(lg, rngs[k], temperature)
+    toks.append(nxt)
+    logits.append(lg)
+    seq = seq.at[:, p + k].set(nxt)
+  return jnp.stack(toks, axis=1), jnp.stack(logits, axis=1)
+
+
+def cache_bytes(cache: dict[str, Any]) -> dict[str, int]:
+  nb = lambda names: int(sum(cache[n].size * cache[n].dtype.itemsize for n in names))
+  out = {"cross": nb(("cross_k", "cross_v")), "self": nb(("self_k", "self_v"))}
+  out["total"] = out["cross"] + out["self"]
+  return out
+
+
+# ----------------------------------------------------------------------------- benchmark
+
+
+def _time(fn, repeats: int) -> float:
+  jax.block_until_ready(fn())  # compile + warm up
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    best = min(best, time.perf_counter() - t0)
+  return best
+
+
+def compare(dd_config, decoder_only_config, *, batch: int = 4, prompt_len: int = 256, new_tokens: int = 64,
+            repeats: int = 3, seed: int = 0) -> list[dict]:
+  """KV-cache bytes and decode tokens/s, double decoder vs decoder-only (random weights; the
+  figures depend on shapes only), measured side by side. One dict per model plus a ratio row."""
+  from nsl import decode as do_decode
+  from nsl.models import registry
+
+  rng = np.random.default_rng(seed)
+  rows = []
+  for name, config in (("double_decoder", dd_config), ("decoder_only", decoder_only_config)):
+    family = registry.get_family(config)
+    params = nn.unbox(family.init(jax.random.PRNGKey(seed)))
+    prompt = jnp.asarray(rng.integers(1, min(config.model.vocab_size, 50000), (batch, prompt_len)), jnp.int32)
+    key = jax.random.PRNGKey(seed)
+    if name == "double_decoder":
+      logits, cache = prefill(family.model, params, prompt, new_tokens)
+      t_prefill = _time(lambda: prefill(family.model, params, prompt, new_tokens), repeats)
+      t_decode = _time(lambda: decode_loop(family.model, params, cache, logits, new_tokens, 0.0, key), repeats)
+      nbytes = cache_bytes(cache)
+      kv, slots = nbytes["total"], (prompt_len - 1) + new_tokens
+      layers_cached = family.model.gen_layers
+    else:
+      dims, plan = family.dims, do_decode.plan_for(family)
+      total = prompt_len + new_tokens
+      logits, cache = do_decode.prefill_jit(dims, plan, params, prompt, total)
+      t_prefill = _time(lambda: do_decode.prefill_jit(dims, plan, params, prompt, total), repeats)
+      t_decode = _time(lambda: do_decode.decode_loop(dims, plan, params, cache, logits, new_tokens, 0.0,
+                                                     jnp.int32(prompt_len), key), repeats)
+      nbytes = do_decode.cache_bytes(cache)
+      kv, slots = nbytes["persistent"] + nbytes["ring"], total
+      layers_cached = dims.n_layers
+    counts = family.param_counts()
+    rows.append({"model": name, "params_total": counts["params_total"], "layers_cached": int(layers_cached),
+                 "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens,
+                 "kv_cache_bytes": int(kv), "kv_bytes_per_token": kv / (batch * slots),
+                 "prefill_s": t_prefill, "decode_s": t_decode,
+                 "decode_tokens_per_s": batch * new_tokens / t_decode, "backend": jax.default_backend()})
+  dd, do = rows
+  rows.append({"model": "ratio_dd_over_decoder_only",
+               "kv_bytes_per_token": dd["kv_bytes_per_token"] / do["kv_bytes_per_token"],
+               "decode_tokens_per_s": dd["decode_tokens_per_s"] / do["decode_tokens_per_s"],
+               "prefill_s": dd["prefill_s"] / do["prefill_s"]})
+  return rows

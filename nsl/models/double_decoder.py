@@ -1,0 +1,319 @@
+"""Block-based double decoder (REFERENCES §2): a context decoder and a generation decoder.
+
+- **Context decoder**: the shared causal trunk (`layers.Stack`: pre-RMSNorm, attention, SwiGLU,
+  final norm) over the packed row; its final output is the context latents `c`.
+- **Generation decoder**: embeds the same raw tokens (tied embedding, no shift, no corruption);
+  each layer is pre-RMSNorm -> `ComboAttention` -> GELU MLP (hidden 4d); a final RMSNorm and the
+  tied head give next-token logits at every position (the full next-token loss).
+- **ComboAttention**: queries from the generation stream; self K/V from the generation stream
+  under `SELF_RULE` (causal, same block, same document); cross K/V from the context latents
+  under `CROSS_RULE` (key block < query block, plus the key at token 0 as a sink, same
+  document). RoPE with absolute token positions on queries and both key sets. The two
+  attentions are merged exactly by log-sum-exp (`attention.merge_lse`), i.e. one softmax over
+  the union of both key sets. "One shared projection" (the paper's default) is read here as:
+  the cross K/V use the same per-layer W_k, W_v as the self K/V (`model.dd_cross_kv='shared'`);
+  `'separate'` gives the cross keys their own W_k, W_v per layer.
+  `CROSS_RULE` also states `causal=True`: with contiguous, increasing block ids
+  `block(k) < block(q)` and the token-0 sink both imply `pos(k) <= pos(q)`, so the visible set is
+  the same as Rule(causal=False, block='earlier', sink=True) and the chunked path skips the
+  upper-triangle tiles (tests check the equality against the definition).
+- **Blocks**: boundaries are drawn per step from the step's rng, shared across the batch, and
+  passed as the dynamic `block` ids [1, T] (`sample_blocks`, strategies `BLOCK_STRATEGIES` =
+  the family's variants).
+
+Layer split: `model.n_layers` is the total; `model.gen_layers` of them form the generation
+decoder (2:1 context:generation by default, e.g. 8+4). μP (the paper trains with μP, base
+width 64) is NOT implemented: plain standard-parametrisation init with the configs' tuned LRs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from nsl import attention, masks
+from nsl.errors import ConfigError
+from nsl.models import layers
+from nsl.models.family import Family, train_flops_per_token
+
+CONTEXT_RULE = masks.Rule(causal=True, same_segment=True)
+SELF_RULE = masks.Rule(causal=True, same_segment=True, block="same")
+CROSS_RULE = masks.Rule(causal=True, same_segment=True, block="earlier", sink=True)
+
+BLOCK_STRATEGIES = ("random_uniform", "logspace", "single_middle", "prompt_style")
+MAX_BOUNDARIES = 7  # random_uniform / logspace draw 2..7 boundaries (3..8 blocks)
+
+
+# ----------------------------------------------------------------------------- block sampling
+
+
+def sample_blocks(rng, seq_len: int, strategy: str = "random_uniform"):
+  """Block ids [1, seq_len] int32 for one step, shared across the batch.
+
+  A boundary b starts a new block at position b; ids count the boundaries <= position.
+  - `random_uniform` (default, REFERENCES §2): 2..7 distinct boundaries uniform in [2, L-2];
+  - `logspace`: 2..7 distinct boundaries, log-uniform in [2, L-2] (short blocks early, long late);
+  - `single_middle`: one boundary at L//2 (two blocks, no randomness);
+  - `prompt_style`: one boundary uniform in [2, L-2] (a prompt block then a generation block).
+  The last three are our reading of the paper's ablation names.
+  """
+  lo, hi = 2, seq_len - 2
+  if hi < lo + MAX_BOUNDARIES:
+    raise ConfigError(f"data.seq_len={seq_len} is too short for block sampling (need >= {lo + MAX_BOUNDARIES + 2})")
+  pos = jnp.arange(seq_len, dtype=jnp.int32)
+  k_num, k_pos = jax.random.split(rng)
+  if strategy == "single_middle":
+    bounds, active = jnp.asarray([seq_len // 2], jnp.int32), jnp.asarray([True])
+  elif strategy == "prompt_style":
+    bounds = jax.random.randint(k_pos, (1,), lo, hi + 1)
+    active = jnp.asarray([True])
+  elif strategy in ("random_uniform", "logspace"):
+    n = jax.random.randint(k_num, (), 2, MAX_BOUNDARIES + 1)
+    if strategy == "random_uniform":
+      bounds = lo + jax.random.choice(k_pos, hi - lo + 1, (MAX_BOUNDARIES,), replace=False)
+    else:
+      # log-uniform with distinctness: Gumbel top-k over candidates weighted by 1/position.
+      cand = jnp.arange(lo, hi + 1, dtype=jnp.float32)
+      g = jax.random.gumbel(k_pos, cand.shape) - jnp.log(cand)
+      bounds = lo + jax.lax.top_k(g, MAX_BOUNDARIES)[1]
+    active = jnp.arange(MAX_BOUNDARIES) < n
+  else:
+    raise ConfigError(f"block strategy {strategy!r} is not one of {BLOCK_STRATEGIES}")
+  ids = jnp.sum((pos[:, None] >= bounds[None, :]) & active[None, :], axis=1)
+  return ids.astype(jnp.int32)[None, :]
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+class CrossKV(nn.Module):
+  """Separate cross K/V projections (only with model.dd_cross_kv='separate')."""
+
+  dims: layers.Dims
+
+  def setup(self):
+    d, h, hd = self.dims.d_model, self.dims.n_heads, self.dims.head_dim
+    init = layers._init(self.dims.init_std, ("embed", "heads", "head_dim"))
+    self.wk = self.param("wk", init, (d, h, hd))
+    self.wv = self.param("wv", init, (d, h, hd))
+
+  def __call__(self, c_BTD, positions):
+    proj = lambda w: jnp.einsum("bsd,dhk->bshk", c_BTD, w.astype(c_BTD.dtype))
+    return layers.rope(proj(self.wk), positions, self.dims.rope_theta), proj(self.wv)
+
+
+def cross_impl(impl: str) -> str:
+  """Splash cannot express block='earlier' (a dynamic inequality): use the chunked XLA path."""
+  impl = attention.resolve_impl(impl)
+  return "chunked" if impl == "splash" else impl
+
+
+class ComboAttention(nn.Module):
+  """Self attention over the generation stream + cross attention over context latents, merged
+  exactly by LSE. `cross_kv(c, positions)` and `step` expose the parts the KV cache needs."""
+
+  dims: layers.Dims
+  separate_cross_kv: bool = False
+
+  def setup(self):
+    self.attn = layers.Attention(self.dims)
+    if self.separate_cross_kv:
+      self.cross = CrossKV(self.dims)
+
+  def cross_kv(self, c_BTD, positions):
+    return self.cross(c_BTD, positions) if self.separate_cross_kv else self.attn.project_kv(c_BTD, positions)
+
+  def __call__(self, x_BTD, c_BTD, slots: attention.Slots):
+    pos = slots.layout.tok
+    q = self.attn.project_q(x_BTD, pos)
+    ks, vs = self.attn.project_kv(x_BTD, pos)
+    kc, vc = self.cross_kv(c_BTD, pos)
+    kw = dict(chunk_q=self.dims.attention_chunk, chunk_k=self.dims.attention_chunk, return_lse=True)
+    o_s, lse_s = attention.attend(q, ks, vs, SELF_RULE, slots, slots, impl=self.dims.attention_impl, **kw)
+    o_c, lse_c = attention.attend(q, kc, vc, CROSS_RULE, slots, slots, impl=cross_impl(self.dims.attention_impl), **kw)
+    o, _ = attention.merge_lse(o_s, lse_s, o_c, lse_c)
+    return self.attn.output(o)
+
+
+class GeluMLP(nn.Module):
+  """W_out GELU(x W_in), hidden 4d (the generation decoder's MLP)."""
+
+  dims: layers.Dims
+
+  @nn.compact
+  def __call__(self, x_BTD):
+    d, std = self.dims.d_model, self.dims.init_std
+    w_in = self.param("w_in", layers._init(std, ("embed", "mlp")), (d, 4 * d))
+    w_out = self.param("w_out", layers._init(std / math.sqrt(2 * self.dims.n_layers), ("mlp", "embed")), (4 * d, d))
+    h = jax.nn.gelu(x_BTD @ w_in.astype(x_BTD.dtype))
+    return nn.with_logical_constraint(h, ("batch", "length", "mlp")) @ w_out.astype(x_BTD.dtype)
+
+
+class GenLayer(nn.Module):
+  dims: layers.Dims
+  separate_cross_kv: bool = False
+
+  def setup(self):
+    self.attn_norm = layers.RMSNorm(self.dims.norm_eps)
+    self.combo = ComboAttention(self.dims, self.separate_cross_kv)
+    self.mlp_norm = layers.RMSNorm(self.dims.norm_eps)
+    self.mlp = GeluMLP(self.dims)
+
+  def __call__(self, x_BTD, c_BTD, slots):
+    x_BTD = x_BTD + self.combo(self.attn_norm(x_BTD), c_BTD, slots)
+    x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD))
+    return nn.with_logical_constraint(x_BTD, ("batch", "length", "act_embed"))
+
+
+class DoubleDecoder(nn.Module):
+  """tokens, segment [B, T], block [1 or B, T] -> logits [B, T, V] of the generation decoder."""
+
+  dims: layers.Dims
+  context_layers: int
+  gen_layers: int
+  separate_cross_kv: bool = False
+
+  def setup(self):
+    self.embed = layers.Embedder(self.dims)
+    self.context = layers.Stack(self.dims, CONTEXT_RULE, n_layers=self.context_layers)
+    cls = GenLayer
+    if self.dims.remat != "none":
+      cls = nn.remat(GenLayer, policy=layers.remat_policy(self.dims.remat), static_argnums=())
+    self.gen = [cls(self.dims, self.separate_cross_kv) for _ in range(self.gen_layers)]
+    self.gen_norm = layers.RMSNorm(self.dims.norm_eps)
+
+  def context_latents(self, tokens_BT, segment_BT):
+    slots = attention.Slots(masks.Layout.causal(tokens_BT.shape[1]), segment=segment_BT)
+    return self.context(self._embed(tokens_BT), slots)
+
+  def _embed(self, tokens_BT):
+    return nn.with_logical_constraint(self.embed.encode(tokens_BT), ("batch", "length", "act_embed"))
+
+  def __call__(self, tokens_BT, segment_BT, block_BT):
+    c = self.context_latents(tokens_BT, segment_BT)
+    slots = attention.Slots(masks.Layout.causal(tokens_BT.shape[1]), segment=segment_BT, block=block_BT)
+    x = self._embed(tokens_BT)
+    for layer in self.gen:
+      x = layer(x, c, slots)
+    return self.embed.decode(self.gen_norm(x))
+
+  # -- pieces for cached decoding (nsl/models/dd_decode.py) ---------------------------------------
+  def cross_cache(self, tokens_BN, segment_BN):
+    """Per generation layer, the cross K/V of the context latents of a prompt: [Lg, B, N, H, Dh]."""
+    c = self.context_latents(tokens_BN, segment_BN)
+    pos = jnp.arange(tokens_BN.shape[1], dtype=jnp.int32)
+    kv = [layer.combo.cross_kv(c, pos) for layer in self.gen]
+    return jnp.stack([k for k, _ in kv]), jnp.stack([v for _, v in kv])
+
+  def gen_step(self, token_B, index, cross_k, cross_v, cross_len, self_k, self_v, block_start):
+    """One generation-decoder step for the token at position `index` (all rows in step).
+
+    cross_k/v [Lg, B, Nc, H, Dh]: context latents' K/V at positions 0..Nc-1 (only < cross_len are
+    earlier-block keys); self_k/v [Lg, B, M, H, Dh]: the current block's K/V, entry j = position
+    block_start + j (entries > index - block_start are stale and masked out). Returns
+    (logits [B, V], self_k, self_v) with this token's K/V written.
+    """
+    x = self._embed(token_B[:, None])  # [B, 1, D]
+    pos_q = jnp.reshape(index, (1,)).astype(jnp.int32)
+    m, nc = self_k.shape[2], cross_k.shape[2]
+    slot = index - block_start
+    q_f = {"pos": pos_q, "tok": pos_q, "block": jnp.ones((1,), jnp.int32)}
+    s_pos = block_start + jnp.arange(m, dtype=jnp.int32)
+    s_f = {"pos": jnp.where(jnp.arange(m) <= slot, s_pos, jnp.iinfo(jnp.int32).max), "tok": s_pos,
+           "block": jnp.ones((m,), jnp.int32)}
+    c_pos = jnp.arange(nc, dtype=jnp.int32)
+    c_f = {"pos": c_pos, "tok": c_pos, "block": jnp.where(c_pos < cross_len, 0, 1)}
+    new_k, new_v = [], []
+    for i, layer in enumerate(self.gen):
+      h = layer.attn_norm(x)
+      q = layer.combo.attn.project_q(h, pos_q)
+      k, v = layer.combo.attn.project_kv(h, pos_q)
+      sk = jax.lax.dynamic_update_slice_in_dim(self_k[i], k.astype(self_k.dtype), slot, axis=1)
+      sv = jax.lax.dynamic_update_slice_in_dim(self_v[i], v.astype(self_v.dtype), slot, axis=1)
+      o_s, lse_s = attention.attend_dense(q, sk, sv, SELF_RULE, q_f, s_f)
+      o_c, lse_c = attention.attend_dense(q, cross_k[i], cross_v[i], CROSS_RULE, q_f, c_f)
+      o, _ = attention.merge_lse(o_s, lse_s, o_c, lse_c)
+      x = x + layer.combo.attn.output(o)
+      x = x + layer.mlp(layer.mlp_norm(x))
+      new_k.append(sk)
+      new_v.append(sv)
+    return self.embed.decode(self.gen_norm(x))[:, 0], jnp.stack(new_k), jnp.stack(new_v)
+
+
+# ----------------------------------------------------------------------------- family
+
+
+def split_layers(config) -> tuple[int, int]:
+  """(context layers, generation layers) from model.n_layers (total) and model.gen_layers."""
+  total = int(config.model.n_layers)
+  gen = config.model.get("gen_layers")
+  gen = total // 3 if gen is None else int(gen)
+  return total - gen, gen
+
+
+class DoubleDecoderFamily(Family):
+  """Context decoder + generation decoder; variants are the block-sampling strategies."""
+
+  name = "double_decoder"
+  variants = BLOCK_STRATEGIES
+
+  @classmethod
+  def validate(cls, config) -> None:
+    super().validate(config)
+    ctx, gen = split_layers(config)
+    if gen < 1 or ctx < 1:
+      raise ConfigError(f"config.model.gen_layers={config.model.get('gen_layers')} must be in "
+                        f"[1, model.n_layers-1={config.model.n_layers - 1}]")
+    if config.model.get("dd_cross_kv", "shared") not in ("shared", "separate"):
+      raise ConfigError(f"config.model.dd_cross_kv={config.model.dd_cross_kv!r} must be 'shared' or 'separate'")
+    if config.data.seq_len < MAX_BOUNDARIES + 4:
+      raise ConfigError(f"config.data.seq_len={config.data.seq_len} is too short for block sampling "
+                        f"(need >= {MAX_BOUNDARIES + 4})")
+
+  @property
+  def separate_cross_kv(self) -> bool:
+    return self.config.model.get("dd_cross_kv", "shared") == "separate"
+
+  def make_model(self):
+    ctx, gen = split_layers(self.config)
+    return DoubleDecoder(self.dims, ctx, gen, self.separate_cross_kv)
+
+  def model_inputs(self, batch):
+    inputs, _, seg_in, _ = layers.next_token_targets(batch)
+    return inputs, seg_in, jnp.zeros((1, inputs.shape[1]), jnp.int32)
+
+  def init(self, rng):
+    # Parameters do not depend on the sequence length: initialise from a short row (fast describe).
+    short = {"tokens": jnp.zeros((1, 17), jnp.int32), "segment": jnp.ones((1, 17), jnp.int32)}
+    return self.model.init(rng, *self.model_inputs(short))["params"]
+
+  def blocks(self, rng, seq_len: int | None = None):
+    return sample_blocks(rng, seq_len or self.seq_len, self.config.model.variant)
+
+  def loss(self, params, batch, rng, step):
+    inputs, targets, seg_in, weights = layers.next_token_targets(batch)
+    block = self.blocks(jax.random.fold_in(rng, 0x0DD), inputs.shape[1])
+    logits = self.model.apply({"params": params}, inputs, seg_in, block)
+    loss, weight = layers.masked_cross_entropy(logits, targets, weights)
+    return loss, {"weight": weight, "blocks": jnp.max(block).astype(jnp.float32) + 1.0}
+
+  def flops_per_token(self) -> float:
+    """6 x (parameters + the cross K/V projection of the context stream when shared) per token,
+    plus visible attention pairs: causal for the context decoder, self + cross for the generation
+    decoder (causal + the first block's length, averaged over 16 block draws)."""
+    t, d = self.seq_len, self.dims.d_model
+    ctx, gen = split_layers(self.config)
+    matmul = self.param_counts()["params_total"]
+    if not self.separate_cross_kv:
+      matmul += gen * 2 * d * d  # W_k, W_v applied to the context latents too
+    causal_pairs = t * (t + 1) / 2
+    # self ∪ cross = every causal pair; they overlap only at the token-0 sink for block-0 queries
+    # (seen once as a self key, once as a cross key): gen pairs = causal + |block 0| (tested).
+    first_block = np.mean([int((np.asarray(self.blocks(jax.random.PRNGKey(i), t)) == 0).sum()) for i in range(16)])
+    gen_pairs = [causal_pairs + first_block]
+    pairs = ctx * causal_pairs + gen * float(np.mean(gen_pairs))
+    return train_flops_per_token(matmul, pairs / t, 1, d)

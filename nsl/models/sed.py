@@ -1,0 +1,165 @@
+"""SED: the span-corruption encoder-decoder baseline of the double-decoder paper (REFERENCES §2).
+
+Each packed row of `seq_len` tokens is span-corrupted on the fly from the step's rng
+(`nsl.data.span_corruption`: noise density 0.15, mean span 4, 100 sentinels at the top of the
+vocabulary; static shapes, so batches never recompile). A bidirectional encoder (the shared
+`layers.Stack` with a non-causal, same-document rule) reads the corrupted row; a causal decoder
+over the targets (pre-RMSNorm self attention, cross attention to the encoder output, SwiGLU) with
+the tied head predicts them. Loss: CE over the targets (padding excluded). RoPE in the encoder and
+in decoder self attention (each in its own compacted positions); no RoPE on cross attention.
+
+Layers: `model.n_layers` total, `model.gen_layers` of them in the decoder (2:1 like the double
+decoder's split). μP is not implemented (standard parametrisation).
+FLOPs are counted per *original* token: the encoder sees (L - n + s)/L of them, the decoder
+(n + s)/L, so SED's training FLOPs/token fall well below 6N.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from nsl import attention, masks
+from nsl.data import span_corruption
+from nsl.errors import ConfigError
+from nsl.models import layers
+from nsl.models.family import Family, train_flops_per_token
+
+ENCODER_RULE = masks.Rule(causal=False, same_segment=True)
+DECODER_RULE = masks.Rule(causal=True, same_segment=True)
+CROSS_RULE = masks.Rule(causal=False, same_segment=True)
+
+TOKENIZER_VOCAB = {"gpt2": 50257, "byte": 257}
+
+
+class CrossAttention(nn.Module):
+  """Decoder queries over encoder keys/values (no RoPE: the two streams' positions differ)."""
+
+  dims: layers.Dims
+
+  @nn.compact
+  def __call__(self, x_BTD, enc_BSD, q_slots, k_slots):
+    d, h, hd, std = self.dims.d_model, self.dims.n_heads, self.dims.head_dim, self.dims.init_std
+    init = layers._init(std, ("embed", "heads", "head_dim"))
+    wq, wk, wv = (self.param(n, init, (d, h, hd)) for n in ("wq", "wk", "wv"))
+    wo = self.param("wo", layers._init(std / (2 * self.dims.n_layers) ** 0.5, ("heads", "head_dim", "embed")),
+                    (h, hd, d))
+    proj = lambda x, w: jnp.einsum("bsd,dhk->bshk", x, w.astype(x.dtype))
+    o = attention.attend(proj(x_BTD, wq), proj(enc_BSD, wk), proj(enc_BSD, wv), CROSS_RULE, q_slots, k_slots,
+                         impl=self.dims.attention_impl, chunk_q=self.dims.attention_chunk,
+                         chunk_k=self.dims.attention_chunk)
+    return jnp.einsum("bshk,hkd->bsd", o, wo.astype(o.dtype))
+
+
+class DecoderLayer(nn.Module):
+  dims: layers.Dims
+
+  @nn.compact
+  def __call__(self, x, enc, q_slots, k_slots):
+    eps = self.dims.norm_eps
+    x = x + layers.Attention(self.dims, name="attn")(layers.RMSNorm(eps, name="attn_norm")(x), DECODER_RULE, q_slots)
+    x = x + CrossAttention(self.dims, name="cross")(layers.RMSNorm(eps, name="cross_norm")(x), enc, q_slots, k_slots)
+    x = x + layers.SwiGLU(self.dims, name="mlp")(layers.RMSNorm(eps, name="mlp_norm")(x))
+    return nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
+
+
+class EncoderDecoder(nn.Module):
+  dims: layers.Dims
+  enc_layers: int
+  dec_layers: int
+
+  @nn.compact
+  def __call__(self, enc_tokens, enc_segment, dec_inputs, dec_segment):
+    embed = layers.Embedder(self.dims, name="embed")
+    enc_slots = attention.Slots(masks.Layout.causal(enc_tokens.shape[1]), segment=enc_segment)
+    dec_slots = attention.Slots(masks.Layout.causal(dec_inputs.shape[1]), segment=dec_segment)
+    enc = layers.Stack(self.dims, ENCODER_RULE, n_layers=self.enc_layers, name="encoder")(
+        embed.encode(enc_tokens), enc_slots)
+    x = embed.encode(dec_inputs)
+    for i in range(self.dec_layers):
+      x = DecoderLayer(self.dims, name=f"dec_{i}")(x, enc, dec_slots, enc_slots)
+    return embed.decode(layers.RMSNorm(self.dims.norm_eps, name="dec_norm")(x))
+
+
+class SEDFamily(Family):
+  name = "sed"
+  variants = ("sed",)
+
+  @property
+  def sentinels(self) -> int:
+    return int(self.config.model.get("sentinels", 100))
+
+  @property
+  def corruption(self) -> tuple[float, float]:
+    m = self.config.model
+    return float(m.get("noise_density", 0.15)), float(m.get("mean_span", 4.0))
+
+  @classmethod
+  def validate(cls, config) -> None:
+    super().validate(config)
+    m = config.model
+    gen = m.get("gen_layers") or m.n_layers // 3
+    if not 1 <= gen < m.n_layers:
+      raise ConfigError(f"config.model.gen_layers={gen} (decoder layers) must be in [1, model.n_layers-1]")
+    density = m.get("noise_density", 0.15)
+    if not 0.0 < density < 1.0:
+      raise ConfigError(f"config.model.noise_density={density} must be in (0, 1)")
+    tok = config.data.tokenizer
+    vocab = TOKENIZER_VOCAB.get(tok, config.data.get("tokenizer_vocab", 0))
+    need = vocab + m.get("sentinels", 100) + 1
+    if m.vocab_size < need:
+      raise ConfigError(f"config.model.vocab_size={m.vocab_size} leaves no room for the {m.get('sentinels', 100)} "
+                        f"sentinels and the decoder-start id above the {tok} tokenizer's {vocab} ids; "
+                        f"set it to at least {need}")
+    n, s = span_corruption.counts(config.data.seq_len, density, m.get("mean_span", 4.0))
+    if s > m.get("sentinels", 100):
+      raise ConfigError(f"data.seq_len={config.data.seq_len} gives {s} noise spans, more than "
+                        f"model.sentinels={m.get('sentinels', 100)}")
+
+  def split(self) -> tuple[int, int]:
+    gen = self.config.model.get("gen_layers") or self.dims.n_layers // 3
+    return self.dims.n_layers - gen, gen
+
+  def make_model(self):
+    return EncoderDecoder(self.dims, *self.split())
+
+  def corrupt(self, batch, rng):
+    tokens, segment = batch["tokens"][:, :-1], batch["segment"][:, :-1]
+    density, span = self.corruption
+    return span_corruption.corrupt_batch(rng, tokens, segment, self.dims.vocab_size, density, span, self.sentinels)
+
+  def model_inputs(self, batch):
+    c = self.corrupt(batch, jax.random.PRNGKey(0))
+    return c["enc_tokens"], c["enc_segment"], c["dec_inputs"], c["dec_segment"]
+
+  def init(self, rng):
+    # Parameters do not depend on the sequence length: initialise from a short row (fast describe).
+    short = {"tokens": jnp.zeros((1, 33), jnp.int32), "segment": jnp.ones((1, 33), jnp.int32)}
+    return self.model.init(rng, *self.model_inputs(short))["params"]
+
+  def loss(self, params, batch, rng, step):
+    c = self.corrupt(batch, jax.random.fold_in(rng, 0x5ED))
+    logits = self.model.apply({"params": params}, c["enc_tokens"], c["enc_segment"], c["dec_inputs"],
+                              c["dec_segment"])
+    weights = (c["dec_segment"] > 0).astype(jnp.float32)
+    loss, weight = layers.masked_cross_entropy(logits, c["targets"], weights)
+    return loss, {"weight": weight}
+
+  def flops_per_token(self) -> float:
+    """Per original token: each weight costs 6 FLOPs per row position it is applied to (encoder
+    weights and cross W_k/W_v at encoder length, the rest at target length), plus attention:
+    bidirectional encoder Le², causal decoder Lt(Lt+1)/2, cross Lt·Le pairs per layer."""
+    t, d = self.seq_len, self.dims.d_model
+    density, span = self.corruption
+    le, lt = span_corruption.lengths(t, density, span)
+    enc_layers, dec_layers = self.split()
+    tree = nn.unbox(self.abstract_params())
+    matmul_rows = 0.0
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+      names = [getattr(p, "key", "") for p in path]
+      n = float(jnp.prod(jnp.asarray(leaf.shape)))
+      at_encoder = names[0] == "encoder" or ("cross" in names and names[-1] in ("wk", "wv"))
+      matmul_rows += n * (le if at_encoder else lt)
+    pairs = enc_layers * le * le + dec_layers * (lt * (lt + 1) / 2 + lt * le)
+    return train_flops_per_token(matmul_rows / t, pairs / t, 1, d)
