@@ -163,7 +163,9 @@ class GenLayer(nn.Module):
     self.mlp_norm = layers.RMSNorm(self.dims.norm_eps)
     self.mlp = GeluMLP(self.dims)
 
-  def __call__(self, x_BTD, c_BTD, slots):
+  def __call__(self, x_BTD, c_BTD, segment_BT, block_BT):
+    # Arrays, not a Slots object, so nn.remat can trace the arguments.
+    slots = attention.Slots(masks.Layout.causal(x_BTD.shape[1]), segment=segment_BT, block=block_BT)
     x_BTD = x_BTD + self.combo(self.attn_norm(x_BTD), c_BTD, slots)
     x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD))
     return nn.with_logical_constraint(x_BTD, ("batch", "length", "act_embed"))
@@ -195,10 +197,9 @@ class DoubleDecoder(nn.Module):
 
   def __call__(self, tokens_BT, segment_BT, block_BT):
     c = self.context_latents(tokens_BT, segment_BT)
-    slots = attention.Slots(masks.Layout.causal(tokens_BT.shape[1]), segment=segment_BT, block=block_BT)
     x = self._embed(tokens_BT)
     for layer in self.gen:
-      x = layer(x, c, slots)
+      x = layer(x, c, segment_BT, block_BT)
     return self.embed.decode(self.gen_norm(x))
 
   # -- pieces for cached decoding (nsl/models/dd_decode.py) ---------------------------------------

@@ -9,6 +9,8 @@ from nsl.errors import ConfigError
 
 FAMILIES: dict[str, str] = {
     "standard": "nsl.models.transformer:StandardFamily",
+    "nextlat": "nsl.models.nextlat:NextLatFamily",
+    "mtp": "nsl.models.nextlat:MTPFamily",
     "double_decoder": "nsl.models.double_decoder:DoubleDecoderFamily",
     "sed": "nsl.models.sed:SEDFamily",
 }

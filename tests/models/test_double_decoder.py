@@ -225,3 +225,14 @@ def test_dd_ladder_grid_expands_to_75_valid_cells():
   assert sorted({c.family for c in cells}) == ["double_decoder", "sed", "standard"]
   smallest = [c for c in cells if dict(c.labels)["budget"] == "62.5M"]
   assert {c.steps for c in smallest} == {477} and len(smallest) == 15
+
+
+@pytest.mark.slow
+def test_decode_comparison_reports_a_third_of_the_kv_cache():
+  dd_cfg = _dd_config(**{"model.vocab_size": 300})
+  do_cfg = tiny_config("/nonexistent", **{"model.vocab_size": 300, "model.n_layers": 3, "data.seq_len": T})
+  rows = dd_decode.compare(dd_cfg, do_cfg, batch=2, prompt_len=12, new_tokens=4, repeats=1)
+  assert [r["model"] for r in rows] == ["double_decoder", "decoder_only", "ratio_dd_over_decoder_only"]
+  assert rows[0]["layers_cached"] == 1 and rows[1]["layers_cached"] == 3
+  assert rows[2]["kv_bytes_per_token"] == pytest.approx(1 / 3)
+  assert all(r["decode_tokens_per_s"] > 0 for r in rows[:2])
