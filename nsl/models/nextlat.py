@@ -1,0 +1,332 @@
+"""NextLat (next-latent prediction, REFERENCES §4) and the multi-token-prediction baseline MTP.
+
+NextLat is the standard transformer (same trunk, same tied head, same next-token loss) plus a
+latent dynamics model p_ψ that predicts the next final-layer hidden state from the current one
+and the next token:
+
+  ĥ_{t+1} = f_ψ(LayerNorm(concat[h_t, emb(x_{t+1})])) + h_t,   f_ψ a 3-layer GELU MLP,
+
+where h_t is the trunk's final hidden state (after the final RMSNorm: the vector the tied head
+reads, logits = h · Eᵀ) and emb the shared token embedding. Loss:
+
+  L = L_next-token + λ_h · L_next-h + λ_KL · L_KL
+  L_next-h = mean_t (1/d) Σ_{i=1..d} SmoothL1(sg[h_{t+i}], ĥ_{t+i})
+  L_KL     = mean_t (1/d) Σ_{i=1..d} KL(p^sg(·|sg[h_{t+i}]) ‖ p^sg(·|ĥ^sg_{t+i}))
+
+ĥ_{t+i} is the i-step recursive rollout of f_ψ from h_t under the teacher-forced tokens
+x_{t+1..t+i}. L_next-h's rollout starts from h_t *with* gradient (the trunk learns latents that
+are predictable), targets are stop-gradient. L_KL uses a second rollout ĥ^sg from sg[h_t] with
+sg[emb] and the head frozen (sg[E]), so its gradient reaches only ψ (tested). The token
+embedding fed to p_ψ is stop-gradient in L_next-h too unless `nextlat.emb_grad` (the tied
+embedding is the output head; REFERENCES does not say, and letting L_next-h move it stalled the
+next-token loss in our CPU path-star runs); h_t keeps its gradient. SmoothL1 is
+Huber with β = 1, averaged over the hidden dimension. Masks: a rollout pair (t, i) counts iff
+t + i < T and positions t..t+i are in one document (latent losses never cross a document
+boundary); L_KL additionally drops pairs whose position t+i is a prompt position (its target
+is not trained by CE); L_next-h keeps prompt positions. Each i is averaged over its valid pairs,
+then the d terms are averaged.
+
+Prompt masking: with `config.data.answer_token = A >= 0`, a next-token target counts only when
+an A token occurs at or before its input position in the same document (tasks put A right
+after the prompt; see nsl/data/tasks). A batch that carries `labels` is honoured through
+`layers.next_token_targets` as for every family.
+
+Variants of family `nextlat`: `nextlat` (the above) and `gpt` (no dynamics model: the same
+trunk, prompt masking and records, the GPT baseline of the planning tasks).
+
+Family `mtp` (Gloeckle et al. 2024 style, REFERENCES §4 baselines): d heads on the shared trunk;
+head 1 is the plain tied head (next token), head i ≥ 2 is a residual GELU MLP on h then RMSNorm
+then the tied head, predicting token t+i; loss = mean over heads of their masked CE.
+
+Config (`config.model.nextlat`): lambda_h, lambda_kl, horizon d, hidden (MLP width), draft_len
+(self-speculative decoding, nsl/speculative.py). `config.model.mtp.horizon`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from nsl import attention, masks
+from nsl.errors import ConfigError
+from nsl.models import layers
+from nsl.models.family import Family, train_flops_per_token
+from nsl.models.transformer import standard_rule
+
+sg = jax.lax.stop_gradient
+
+
+def answer_weights(inputs_BT, seg_BT, answer_token: int):
+  """1.0 where an `answer_token` occurs at or before position t within t's document, else 0."""
+  a = (inputs_BT == answer_token).astype(jnp.int32)
+  c = jnp.cumsum(a, axis=1)
+  start = jnp.concatenate([jnp.ones_like(seg_BT[:, :1], bool), seg_BT[:, 1:] != seg_BT[:, :-1]], axis=1)
+  base = jax.lax.cummax(jnp.where(start, c - a, 0), axis=1)  # answer tokens before the document
+  return ((c - base) > 0).astype(jnp.float32)
+
+
+def task_targets(batch: dict[str, Any], answer_token: int):
+  """`layers.next_token_targets`, with prompt targets dropped when `answer_token >= 0`."""
+  inputs, targets, seg_in, weights = layers.next_token_targets(batch)
+  if answer_token >= 0:
+    weights = weights * answer_weights(inputs, seg_in, answer_token)
+  return inputs, targets, seg_in, weights
+
+
+def shift_left(x, i: int):
+  """x[:, t + i] at t (zeros past the end), for [B, T, ...] arrays."""
+  if i == 0:
+    return x
+  pad = jnp.zeros((x.shape[0], i) + x.shape[2:], x.dtype)
+  return jnp.concatenate([x[:, i:], pad], axis=1)
+
+
+def rollout_valid(seg_BT, i: int):
+  """Pairs (t, t+i) inside one (non-padding) document and inside the window."""
+  t = seg_BT.shape[1]
+  inside = (jnp.arange(t) + i < t)[None, :]
+  return inside & (seg_BT == shift_left(seg_BT, i)) & (seg_BT > 0)
+
+
+def smooth_l1(pred, target):
+  """SmoothL1 (β = 1) averaged over the last axis."""
+  return jnp.mean(optax.huber_loss(pred.astype(jnp.float32), target.astype(jnp.float32), delta=1.0), axis=-1)
+
+
+def kl_logits(p_logits, q_logits):
+  """KL(softmax(p) ‖ softmax(q)) over the last axis, float32."""
+  lp = jax.nn.log_softmax(p_logits.astype(jnp.float32), axis=-1)
+  lq = jax.nn.log_softmax(q_logits.astype(jnp.float32), axis=-1)
+  return jnp.sum(jnp.exp(lp) * (lp - lq), axis=-1)
+
+
+def _masked_mean(x, w):
+  return jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1.0)
+
+
+class Dynamics(nn.Module):
+  """p_ψ: ĥ' = MLP(LayerNorm(concat[h, e])) + h, a 3-layer GELU MLP of width `hidden`."""
+
+  dims: layers.Dims
+  hidden: int
+
+  @nn.compact
+  def __call__(self, h_BTD, e_BTD):
+    d, f, std = self.dims.d_model, self.hidden, self.dims.init_std
+    x = jnp.concatenate([h_BTD, e_BTD.astype(h_BTD.dtype)], axis=-1).astype(jnp.float32)
+    scale = self.param("ln_scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (2 * d,))
+    bias = self.param("ln_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)), (2 * d,))
+    mu = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mu), axis=-1, keepdims=True)
+    x = ((x - mu) * jax.lax.rsqrt(var + 1e-5) * scale + bias).astype(h_BTD.dtype)
+    shapes = [(2 * d, f), (f, f), (f, d)]
+    axes = [("embed", "mlp"), (None, "mlp"), ("mlp", "embed")]
+    for j, (shape, ax) in enumerate(zip(shapes, axes)):
+      w = self.param(f"w{j}", layers._init(std, ax), shape)
+      b = self.param(f"b{j}", nn.with_logical_partitioning(nn.initializers.zeros, (ax[1],)), (shape[1],))
+      x = x @ w.astype(x.dtype) + b.astype(x.dtype)
+      if j < 2:
+        x = jax.nn.gelu(x)
+    return h_BTD + x.astype(h_BTD.dtype)
+
+
+class MTPHead(nn.Module):
+  """Head i >= 2 of MTP: RMSNorm(h + W2 GELU(W1 h)), read by the tied head."""
+
+  dims: layers.Dims
+
+  @nn.compact
+  def __call__(self, h_BTD):
+    d, std = self.dims.d_model, self.dims.init_std
+    w1 = self.param("w1", layers._init(std, ("embed", "mlp")), (d, self.dims.d_ff))
+    w2 = self.param("w2", layers._init(std, ("mlp", "embed")), (self.dims.d_ff, d))
+    x = h_BTD + jax.nn.gelu(h_BTD @ w1.astype(h_BTD.dtype)) @ w2.astype(h_BTD.dtype)
+    return layers.RMSNorm(self.dims.norm_eps, name="norm")(x)
+
+
+class LatentLM(nn.Module):
+  """The standard LM (submodules `embed`, `trunk`, as in transformer.LM, so the KV-cache code
+  reads the same parameter tree) plus `dynamics` (nextlat) or `mtp_heads` (mtp)."""
+
+  dims: layers.Dims
+  rule: masks.Rule
+  kind: str = "nextlat"  # nextlat | gpt | mtp
+  dyn_hidden: int = 0
+  horizon: int = 1
+  emb_grad: bool = False  # L_next-h's gradient reaches the token embedding fed to p_ψ
+
+  def setup(self):
+    self.embedder = layers.Embedder(self.dims, name="embed")
+    self.trunk = layers.Stack(self.dims, self.rule, name="trunk")
+    if self.kind == "nextlat":
+      self.dynamics = Dynamics(self.dims, self.dyn_hidden, name="dynamics")
+    if self.kind == "mtp":
+      self.mtp_heads = [MTPHead(self.dims, name=f"mtp_head_{i}") for i in range(2, self.horizon + 1)]
+
+  def hidden(self, tokens_BT, segment_BT):
+    slots = attention.Slots(masks.Layout.causal(tokens_BT.shape[1]), segment=segment_BT)
+    x = nn.with_logical_constraint(self.embedder.encode(tokens_BT), ("batch", "length", "act_embed"))
+    return self.trunk(x, slots)
+
+  def logits(self, h_BTD):
+    return self.embedder.decode(h_BTD)
+
+  def frozen_logits(self, h_BTD):
+    """The head with a stop-gradient copy of its weights (p^sg)."""
+    return jnp.einsum("btd,vd->btv", h_BTD, sg(self.embedder.embedding).astype(h_BTD.dtype),
+                      preferred_element_type=jnp.float32)
+
+  def step(self, h_BTD, next_tokens_BT):
+    """One dynamics step ĥ_{t+1} = p_ψ(h_t, x_{t+1}) (used by self-speculative drafting)."""
+    return self.dynamics(h_BTD, self.embedder.encode(next_tokens_BT))
+
+  def __call__(self, tokens_BT, segment_BT):
+    h = self.hidden(tokens_BT, segment_BT)
+    out = self.logits(h)
+    if self.kind == "nextlat":
+      out = out + 0 * self.logits(self.step(h, tokens_BT))
+    if self.kind == "mtp":
+      for head in self.mtp_heads:
+        out = out + 0 * self.logits(head(h))
+    return out
+
+  def losses(self, inputs_BT, targets_BT, seg_BT, weights_BT, lambda_h: float = 0.0, lambda_kl: float = 0.0):
+    """(total loss, metrics) for one batch; see the module docstring."""
+    h = self.hidden(inputs_BT, seg_BT)
+    ce, weight = layers.masked_cross_entropy(self.logits(h), targets_BT, weights_BT)
+    metrics = {"weight": weight, "ce": ce}
+    total = ce
+    if self.kind == "nextlat":
+      emb = self.embedder.encode(inputs_BT)
+      if not self.emb_grad:
+        emb = sg(emb)  # the tied embedding/head then learns from the next-token loss only
+      r, r_kl = h, sg(h)
+      lh_terms, kl_terms = [], []
+      for i in range(1, self.horizon + 1):
+        e_i = shift_left(emb, i)  # emb(x_{t+i})
+        r = self.dynamics(r, e_i)
+        r_kl = self.dynamics(r_kl, sg(e_i))
+        target = sg(shift_left(h, i))
+        valid = rollout_valid(seg_BT, i).astype(jnp.float32)
+        lh_terms.append(_masked_mean(smooth_l1(r, target), valid))
+        kl_w = valid * shift_left(weights_BT, i)
+        kl_terms.append(_masked_mean(kl_logits(self.frozen_logits(target), self.frozen_logits(r_kl)), kl_w))
+      l_h, l_kl = sum(lh_terms) / self.horizon, sum(kl_terms) / self.horizon
+      total = total + lambda_h * l_h + lambda_kl * l_kl
+      metrics.update(next_h=l_h, kl=l_kl, next_h_last=lh_terms[-1], kl_last=kl_terms[-1])
+    if self.kind == "mtp":
+      ces = [ce]
+      for i, head in enumerate(self.mtp_heads, start=2):
+        w_i = shift_left(weights_BT, i - 1) * (seg_BT == shift_left(seg_BT, i - 1))
+        ce_i, _ = layers.masked_cross_entropy(self.logits(head(h)), shift_left(targets_BT, i - 1), w_i)
+        ces.append(ce_i)
+        metrics[f"ce_head_{i}"] = ce_i
+      total = sum(ces) / len(ces)
+    return total, metrics
+
+
+class NextLatFamily(Family):
+  """NextLat (variant `nextlat`) and its GPT baseline with the same masking (variant `gpt`)."""
+
+  name = "nextlat"
+  variants = ("nextlat", "gpt")
+
+  @classmethod
+  def validate(cls, config) -> None:
+    super().validate(config)
+    n = config.model.get("nextlat")
+    if n is None:
+      raise ConfigError("config.model.nextlat is missing; start from configs/nextlat_tiny.py")
+    for field in ("horizon", "hidden"):
+      if int(n[field]) < 1:
+        raise ConfigError(f"config.model.nextlat.{field}={n[field]} must be >= 1")
+    for field in ("lambda_h", "lambda_kl"):
+      if float(n[field]) < 0:
+        raise ConfigError(f"config.model.nextlat.{field}={n[field]} must be >= 0")
+    if int(n.get("draft_len", 1)) < 1:
+      raise ConfigError(f"config.model.nextlat.draft_len={n.draft_len} must be >= 1")
+
+  @property
+  def variant(self) -> str:
+    return self.config.model.variant
+
+  @property
+  def rule(self) -> masks.Rule:
+    return standard_rule(self.config.model.window)
+
+  @property
+  def answer_token(self) -> int:
+    return int(self.config.data.get("answer_token", -1))
+
+  @property
+  def horizon(self) -> int:
+    return int(self.config.model.nextlat.horizon)
+
+  def make_model(self):
+    kind = "nextlat" if self.variant == "nextlat" else "gpt"
+    n = self.config.model.nextlat
+    return LatentLM(self.dims, self.rule, kind=kind, dyn_hidden=int(n.hidden), horizon=int(n.horizon),
+                    emb_grad=bool(n.get("emb_grad", False)))
+
+  def model_inputs(self, batch):
+    inputs, _, seg_in, _ = layers.next_token_targets(batch)
+    return inputs, seg_in
+
+  def loss(self, params, batch, rng, step):
+    inputs, targets, seg_in, weights = task_targets(batch, self.answer_token)
+    n = self.config.model.nextlat
+    return self.model.apply({"params": params}, inputs, targets, seg_in, weights, float(n.lambda_h),
+                            float(n.lambda_kl), method="losses")
+
+  def flops_per_token(self) -> float:
+    """Trunk as the standard family; plus per rollout step two dynamics passes (the L_next-h one
+    with input gradients, the L_KL one) and the frozen-head reads of L_KL (approximate)."""
+    t = self.seq_len
+    layout = masks.Layout.causal(t)
+    pairs = masks.visible_pairs(masks.Rule(persistent_window=self.config.model.window), layout, layout)
+    counts = self.param_counts()
+    base = train_flops_per_token(counts["params_total"], pairs / t, self.dims.n_layers, self.dims.d_model)
+    if self.variant == "gpt":
+      return base
+    d, h = self.dims.d_model, int(self.config.model.nextlat.hidden)
+    dyn = 2 * d * h + h * h + h * d
+    head = self.dims.vocab_size * d
+    return base + self.horizon * (2 * 6.0 * dyn + 8.0 * head)
+
+
+class MTPFamily(NextLatFamily):
+  """Multi-token prediction: `config.model.mtp.horizon` heads on the shared trunk."""
+
+  name = "mtp"
+  variants = ("mtp",)
+
+  @classmethod
+  def validate(cls, config) -> None:
+    Family.validate.__func__(cls, config)
+    m = config.model.get("mtp")
+    if m is None or int(m.horizon) < 1:
+      raise ConfigError("config.model.mtp.horizon must be >= 1; start from configs/mtp_tiny.py")
+
+  @property
+  def horizon(self) -> int:
+    return int(self.config.model.mtp.horizon)
+
+  def make_model(self):
+    return LatentLM(self.dims, self.rule, kind="mtp", horizon=self.horizon)
+
+  def loss(self, params, batch, rng, step):
+    inputs, targets, seg_in, weights = task_targets(batch, self.answer_token)
+    return self.model.apply({"params": params}, inputs, targets, seg_in, weights, method="losses")
+
+  def flops_per_token(self) -> float:
+    t = self.seq_len
+    layout = masks.Layout.causal(t)
+    pairs = masks.visible_pairs(masks.Rule(persistent_window=self.config.model.window), layout, layout)
+    counts = self.param_counts()
+    extra_heads = (self.horizon - 1) * self.dims.vocab_size * self.dims.d_model  # tied head reused
+    return train_flops_per_token(counts["params_total"] + extra_heads, pairs / t, self.dims.n_layers,
+                                 self.dims.d_model)

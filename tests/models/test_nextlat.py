@@ -1,0 +1,147 @@
+"""NextLat and MTP losses from their definitions (REFERENCES §4): the d-step rollout, the
+stop-gradients (L_KL reaches only the dynamics model), prompt and document-boundary masks."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from configs import mtp_tiny, nextlat_tiny
+from nsl.models import nextlat, registry
+
+V, T, D, HORIZON, ANS = 32, 10, 16, 3, 7
+
+
+def _config(family="nextlat"):
+  c = (nextlat_tiny if family == "nextlat" else mtp_tiny).get_config()
+  c.model.vocab_size, c.model.d_model, c.model.n_layers, c.model.n_heads, c.model.d_ff = V, D, 1, 2, 32
+  c.data.seq_len = T
+  c.data.answer_token = ANS
+  if family == "nextlat":
+    c.model.nextlat.horizon, c.model.nextlat.hidden = HORIZON, 24
+  else:
+    c.model.mtp.horizon = HORIZON
+  return c
+
+
+def _batch():
+  # row 0: one document with a prompt ending in ANS at input position 3; row 1: two documents
+  # (EOS = 256 is not in this vocab, so segments are given explicitly).
+  tokens = np.array([[1, 2, 3, ANS, 4, 5, 6, 8, 9, 10, 11],
+                     [12, ANS, 13, 14, 15, 16, 17, ANS, 18, 19, 20]], np.int32)
+  segment = np.array([[1] * 11, [1] * 5 + [2] * 6], np.int32)
+  return {"tokens": jnp.asarray(tokens), "segment": jnp.asarray(segment)}
+
+
+@pytest.fixture(scope="module")
+def setup():
+  fam = registry.get_family(_config())
+  params = nn.unbox(fam.init(jax.random.PRNGKey(0)))
+  return fam, params
+
+
+def test_answer_weights_and_rollout_mask():
+  b = _batch()
+  inputs, seg = b["tokens"][:, :-1], b["segment"][:, :-1]
+  w = np.asarray(nextlat.answer_weights(inputs, seg, ANS))
+  np.testing.assert_array_equal(w[0], [0, 0, 0, 1, 1, 1, 1, 1, 1, 1])
+  np.testing.assert_array_equal(w[1], [0, 1, 1, 1, 1, 0, 0, 1, 1, 1])  # doc 2 restarts masked
+  v = np.asarray(nextlat.rollout_valid(seg, 2))
+  np.testing.assert_array_equal(v[0], [1] * 8 + [0, 0])
+  np.testing.assert_array_equal(v[1], [1, 1, 1, 0, 0, 1, 1, 1, 0, 0])  # never across the boundary
+
+
+def _reference(fam, params, batch):
+  """L_next-h and L_KL by explicit per-(row, t, i) rollouts of the dynamics model."""
+  inputs, targets, seg, weights = nextlat.task_targets(batch, ANS)
+  apply = lambda method, *a: fam.model.apply({"params": params}, *a, method=method)
+  h = np.asarray(apply("hidden", inputs, seg))
+  emb = np.asarray(params["embed"]["embedding"])
+  lh, kl = [], []
+  for i in range(1, HORIZON + 1):
+    errs, kls, kw = [], [], []
+    for b in range(inputs.shape[0]):
+      for t in range(T - i):
+        if seg[b, t] != seg[b, t + i]:
+          continue
+        r = jnp.asarray(h[b, t])[None, None]
+        for j in range(1, i + 1):
+          r = apply("step", r, inputs[b, t + j][None, None])
+        r = np.asarray(r[0, 0])
+        tgt = h[b, t + i]
+        diff = np.abs(r - tgt)
+        errs.append(np.mean(np.where(diff < 1, 0.5 * diff ** 2, diff - 0.5)))
+        p, q = jax.nn.log_softmax(emb @ tgt), jax.nn.log_softmax(emb @ r)
+        kls.append(float(jnp.sum(jnp.exp(p) * (p - q))))
+        kw.append(float(weights[b, t + i]))
+    lh.append(np.mean(errs))
+    kl.append(np.sum(np.array(kls) * kw) / np.sum(kw))
+  return np.mean(lh), np.mean(kl), lh[-1]
+
+
+def test_losses_match_definition(setup):
+  fam, params = setup
+  batch = _batch()
+  loss, m = fam.loss(params, batch, None, 0)
+  ref_h, ref_kl, ref_last = _reference(fam, params, batch)
+  np.testing.assert_allclose(m["next_h"], ref_h, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(m["next_h_last"], ref_last, rtol=1e-4, atol=1e-6)  # the d-th step
+  np.testing.assert_allclose(m["kl"], ref_kl, rtol=1e-3, atol=1e-6)
+  np.testing.assert_allclose(loss, m["ce"] + m["next_h"] + m["kl"], rtol=1e-5)  # λ_h = λ_KL = 1
+  assert m["weight"] == 13  # answer targets only: 7 in row 0; 3 + 3 in row 1 (not across EOS)
+
+
+def _norm(tree):
+  return float(optax.global_norm(tree))
+
+
+def test_kl_gradient_reaches_only_dynamics(setup):
+  fam, params = setup
+  batch = _batch()
+  inputs, targets, seg, weights = nextlat.task_targets(batch, ANS)
+  kl = lambda p: fam.model.apply({"params": p}, inputs, targets, seg, weights, 1.0, 1.0, method="losses")[1]["kl"]
+  g = jax.grad(kl)(params)
+  assert _norm(g["trunk"]) == 0.0 and _norm(g["embed"]) == 0.0
+  assert _norm(g["dynamics"]) > 0.0
+  nh = lambda p: fam.model.apply({"params": p}, inputs, targets, seg, weights, 1.0, 1.0, method="losses")[1]["next_h"]
+  g = jax.grad(nh)(params)
+  assert _norm(g["dynamics"]) > 0.0 and _norm(g["trunk"]) > 0.0  # the trunk is shaped via h_t
+
+
+def test_next_h_targets_are_stop_gradient(setup):
+  """Perturbing the trunk only through the target side changes nothing in the gradient: the
+  derivative of L_next-h w.r.t. h equals the one with the rollout input alone differentiable."""
+  fam, params = setup
+  batch = _batch()
+  inputs, targets, seg, weights = nextlat.task_targets(batch, ANS)
+  h = fam.model.apply({"params": params}, inputs, seg, method="hidden")
+  emb = fam.model.apply({"params": params}, inputs, method=lambda m, x: m.embedder.encode(x))
+
+  def lh_of(h_in, h_tgt):
+    r, out = h_in, []
+    for i in range(1, HORIZON + 1):
+      r = fam.model.apply({"params": params}, r, nextlat.shift_left(emb, i), method=lambda m, a, e: m.dynamics(a, e))
+      valid = nextlat.rollout_valid(seg, i).astype(jnp.float32)
+      out.append(nextlat._masked_mean(nextlat.smooth_l1(r, jax.lax.stop_gradient(nextlat.shift_left(h_tgt, i))), valid))
+    return sum(out) / HORIZON
+
+  g_target_side = jax.grad(lambda x: lh_of(h, x))(h)
+  assert float(jnp.abs(g_target_side).max()) == 0.0
+
+
+def test_gpt_variant_and_mtp():
+  c = _config()
+  c.model.variant = "gpt"
+  fam = registry.get_family(c)
+  params = nn.unbox(fam.init(jax.random.PRNGKey(0)))
+  assert "dynamics" not in params
+  loss, m = fam.loss(params, _batch(), None, 0)
+  assert set(m) == {"weight", "ce"} and m["weight"] == 13
+  fam = registry.get_family(_config("mtp"))
+  params = nn.unbox(fam.init(jax.random.PRNGKey(0)))
+  assert sorted(k for k in params if k.startswith("mtp_head")) == ["mtp_head_2", "mtp_head_3"]
+  loss, m = fam.loss(params, _batch(), None, 0)
+  np.testing.assert_allclose(loss, (m["ce"] + m["ce_head_2"] + m["ce_head_3"]) / 3, rtol=1e-6)
+  assert np.isfinite(fam.flops_per_token())
