@@ -1,0 +1,208 @@
+"""Self-speculative decoding with NextLat's latent dynamics model (REFERENCES §4).
+
+State between rounds: a KV cache holding tokens x_1..x_m, the trunk's final hidden state h_m of
+x_m, and a *pending* token y (already emitted, not yet fed). One round with draft length k:
+
+  draft    ĥ ← p_ψ(h_m, y); for j = 1..k: d_j ~ q_j = head(ĥ), ĥ ← p_ψ(ĥ, d_j)
+           (no trunk call: the dynamics MLP and the tied head only);
+  verify   one trunk forward of [y, d_1..d_k] at positions m..m+k with the KV cache, giving the
+           model's own distributions p_0..p_k (p_{j-1} is the one d_j should come from);
+  accept   Leviathan et al. (2023): d_j is kept with probability min(1, p_{j-1}(d_j)/q_j(d_j)),
+           in order, up to the first rejection j*, where the new pending token is drawn from
+           norm(max(0, p_{j*-1} - q_{j*})); when all k are kept it is drawn from p_k. Greedy
+           (temperature 0): keep d_j iff it is argmax p_{j-1}; the new pending token is the argmax
+           of the first disagreeing p. Either way the output has exactly the model's distribution
+           (greedy: exactly plain greedy decoding, tested).
+
+A round emits (accepted drafts + 1) tokens for one trunk forward of k+1 tokens; cache entries
+written for rejected drafts lie beyond the new length and are overwritten by the next round
+(keys past a query's position are masked). Batch size 1 (acceptance lengths differ per row).
+
+The KV cache here is the plain causal trunk of `LatentLM` (parameters `embed`, `trunk`) run
+through the layers' own modules bound to `params`; it serves both plain and speculative
+decoding so their speeds are compared on the same code. `measure` returns tokens/s and the mean
+accepted tokens per draft for both, side by side.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from nsl.models import layers
+
+
+def init_cache(dims: layers.Dims, batch: int, max_tokens: int) -> dict[str, jax.Array]:
+  shape = (dims.n_layers, batch, max_tokens, dims.n_heads, dims.head_dim)
+  return {"k": jnp.zeros(shape, dims.compute_dtype), "v": jnp.zeros(shape, dims.compute_dtype)}
+
+
+def cached_forward(dims: layers.Dims, params, cache, tokens_BM, start):
+  """Feeds tokens [B, M] at positions start..start+M-1 (start traced); returns (final hidden
+  states [B, M, D] (after the final norm), the updated cache). Queries see cache keys at
+  positions <= their own."""
+  m = tokens_BM.shape[1]
+  x = layers.Embedder(dims).apply({"params": params["embed"]}, tokens_BM, method="encode")
+  pos = start + jnp.arange(m, dtype=jnp.int32)
+  visible_MS = jnp.arange(cache["k"].shape[2])[None, :] <= pos[:, None]
+  norm = lambda p, y: layers.RMSNorm(dims.norm_eps).apply({"params": p}, y)
+  ks, vs = [], []
+  for i in range(dims.n_layers):
+    p = params["trunk"][f"block_{i}"]
+    attn = layers.Attention(dims).bind({"params": p["attn"]})
+    h = norm(p["attn_norm"], x)
+    q = attn.project_q(h, pos)
+    k, v = attn.project_kv(h, pos)
+    keys = jax.lax.dynamic_update_slice_in_dim(cache["k"][i], k.astype(cache["k"].dtype), start, axis=1)
+    vals = jax.lax.dynamic_update_slice_in_dim(cache["v"][i], v.astype(cache["v"].dtype), start, axis=1)
+    s = jnp.einsum("bmhd,bshd->bhms", q, keys, preferred_element_type=jnp.float32) / np.sqrt(dims.head_dim)
+    s = jnp.where(visible_MS[None, None], s, -1e30)
+    o = jnp.einsum("bhms,bshd->bmhd", jax.nn.softmax(s, axis=-1).astype(vals.dtype), vals)
+    x = x + attn.output(o)
+    x = x + layers.SwiGLU(dims).apply({"params": p["mlp"]}, norm(p["mlp_norm"], x))
+    ks.append(keys)
+    vs.append(vals)
+  h = norm(params["trunk"]["final_norm"], x)
+  return h, {"k": jnp.stack(ks), "v": jnp.stack(vs)}
+
+
+def _sample(logits_BV, key, temperature: float):
+  if temperature == 0:
+    return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+  return jax.random.categorical(key, logits_BV / temperature, axis=-1).astype(jnp.int32)
+
+
+class Decoder:
+  """Plain and self-speculative decoding of a trained `nextlat` model (batch size 1)."""
+
+  def __init__(self, family, params, draft_len: int | None = None, temperature: float = 0.0):
+    if getattr(family.model, "kind", None) != "nextlat":
+      raise ValueError(f"self-speculative decoding needs a nextlat model with a dynamics model, "
+                       f"got family {family.name!r} variant {family.config.model.variant!r}")
+    self.family, self.params, self.dims = family, params, family.dims
+    self.k = int(draft_len if draft_len is not None else family.config.model.nextlat.draft_len)
+    self.temperature = float(temperature)
+    model, dims, k, temp = family.model, self.dims, self.k, self.temperature
+    head = lambda p, h: model.apply({"params": p}, h, method="logits")
+    step = lambda p, h, t: model.apply({"params": p}, h, t, method="step")
+
+    def prefill(p, cache, prompt_BN, key):
+      h, cache = cached_forward(dims, p, cache, prompt_BN, jnp.int32(0))
+      logits = head(p, h[:, -1:])[:, 0]
+      return _sample(logits, key, temp), h[:, -1], cache
+
+    def plain_step(p, cache, token_B, start, key):
+      h, cache = cached_forward(dims, p, cache, token_B[:, None], start)
+      return _sample(head(p, h)[:, 0], key, temp), h[:, 0], cache
+
+    def spec_round(p, cache, h_BD, pending_B, start, key):
+      keys = jax.random.split(key, k + 2)
+      hat = step(p, h_BD[:, None], pending_B[:, None])  # [B, 1, D]
+      drafts, q_logits = [], []
+      for j in range(k):
+        ql = head(p, hat)[:, 0]
+        d = _sample(ql, keys[j], temp)
+        drafts.append(d)
+        q_logits.append(ql)
+        if j < k - 1:
+          hat = step(p, hat, d[:, None])
+      drafts_BK = jnp.stack(drafts, axis=1)
+      q_BKV = jnp.stack(q_logits, axis=1)
+      seq = jnp.concatenate([pending_B[:, None], drafts_BK], axis=1)  # [B, k+1]
+      h, cache = cached_forward(dims, p, cache, seq, start)
+      p_logits = head(p, h)  # [B, k+1, V]; p_logits[:, j] is the law of the token after seq[:, j]
+      if temp == 0:
+        ok = drafts_BK == jnp.argmax(p_logits[:, :k], axis=-1)
+      else:
+        pp = jax.nn.softmax(p_logits[:, :k] / temp, axis=-1)
+        qq = jax.nn.softmax(q_BKV / temp, axis=-1)
+        pick = lambda a: jnp.take_along_axis(a, drafts_BK[..., None], axis=-1)[..., 0]
+        u = jax.random.uniform(keys[k], drafts_BK.shape)
+        ok = u * pick(qq) < pick(pp)  # u < p/q without dividing by 0
+      n_acc = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)[0]  # batch 1
+      p_next = p_logits[:, n_acc]  # [B, V]
+      if temp == 0:
+        nxt = jnp.argmax(p_next, axis=-1).astype(jnp.int32)
+      else:
+        pn = jax.nn.softmax(p_next / temp, axis=-1)
+        qn = jax.nn.softmax(q_BKV[:, jnp.minimum(n_acc, k - 1)] / temp, axis=-1)
+        resid = jnp.maximum(pn - qn, 0.0)
+        resid_ok = jnp.sum(resid, axis=-1, keepdims=True) > 0
+        law = jnp.where((n_acc < k) & resid_ok, resid, pn)
+        nxt = jax.random.categorical(keys[k + 1], jnp.log(jnp.maximum(law, 1e-30)), axis=-1).astype(jnp.int32)
+      return n_acc, drafts_BK, nxt, h[:, n_acc], cache
+
+    self._prefill = jax.jit(prefill)
+    self._plain_step = jax.jit(plain_step)
+    self._spec_round = jax.jit(spec_round)
+
+  def _start(self, prompt, new_tokens: int, extra: int, rng):
+    prompt = jnp.asarray(prompt, jnp.int32).reshape(1, -1)
+    cache = init_cache(self.dims, 1, prompt.shape[1] + new_tokens + extra)
+    return prompt, cache
+
+  def generate(self, prompt, new_tokens: int, rng=None) -> np.ndarray:
+    """Plain KV-cache decoding: `new_tokens` tokens after `prompt` [N] (one trunk call each)."""
+    rng = jax.random.PRNGKey(0) if rng is None else rng
+    prompt, cache = self._start(prompt, new_tokens, 1, rng)
+    keys = jax.random.split(rng, new_tokens)
+    tok, _, cache = self._prefill(self.params, cache, prompt, keys[0])
+    out = [tok]
+    for i in range(1, new_tokens):
+      tok, _, cache = self._plain_step(self.params, cache, tok, jnp.int32(prompt.shape[1] + i - 1), keys[i])
+      out.append(tok)
+    return np.asarray(jnp.concatenate(out))
+
+  def generate_speculative(self, prompt, new_tokens: int, rng=None) -> tuple[np.ndarray, dict[str, Any]]:
+    """Self-speculative decoding; returns (tokens [new_tokens], stats with the accepted drafts
+    of every round)."""
+    rng = jax.random.PRNGKey(0) if rng is None else rng
+    prompt, cache = self._start(prompt, new_tokens, self.k + 2, rng)
+    rng, key = jax.random.split(rng)
+    pending, h, cache = self._prefill(self.params, cache, prompt, key)
+    out = [int(pending[0])]
+    m = prompt.shape[1]
+    accepted = []
+    while len(out) < new_tokens:
+      rng, key = jax.random.split(rng)
+      n_acc, drafts, pending, h, cache = self._spec_round(self.params, cache, h, pending, jnp.int32(m), key)
+      n = int(n_acc)
+      accepted.append(n)
+      out += [int(t) for t in np.asarray(drafts[0, :n])] + [int(pending[0])]
+      m += n + 1
+    return np.asarray(out[:new_tokens], np.int32), {"accepted": accepted, "rounds": len(accepted)}
+
+
+def measure(family, params, prompts, new_tokens: int, draft_len: int | None = None,
+            temperature: float = 0.0, seed: int = 0) -> dict[str, dict[str, float]]:
+  """Plain vs self-speculative decoding over `prompts` (a list of 1-D token arrays), one after
+  another, after a warm-up that compiles both. Returns {'plain': {...}, 'speculative': {...},
+  'setup': {...}}: tokens/s for each; for speculative also the mean tokens per draft round
+  (accepted drafts + 1, the paper's "accepted tokens per draft"), the mean accepted drafts, and
+  the speed-up; `greedy_match` when temperature is 0 (outputs identical to plain decoding)."""
+  dec = Decoder(family, params, draft_len=draft_len, temperature=temperature)
+  rng = jax.random.PRNGKey(seed)
+  dec.generate(prompts[0], min(new_tokens, 4), rng)  # compile
+  dec.generate_speculative(prompts[0], min(new_tokens, dec.k + 2), rng)
+  t0 = time.perf_counter()
+  plain_out = [dec.generate(p, new_tokens, jax.random.fold_in(rng, i)) for i, p in enumerate(prompts)]
+  t_plain = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  spec = [dec.generate_speculative(p, new_tokens, jax.random.fold_in(rng, i)) for i, p in enumerate(prompts)]
+  t_spec = time.perf_counter() - t0
+  acc = np.concatenate([np.asarray(s["accepted"], np.float64) for _, s in spec])
+  total = new_tokens * len(prompts)
+  plain = {"tokens_per_s": total / t_plain, "seconds": t_plain, "trunk_calls_per_token": 1.0}
+  specd = {"tokens_per_s": total / t_spec, "seconds": t_spec,
+           "mean_tokens_per_draft": float(np.mean(acc + 1)), "mean_accepted_drafts": float(np.mean(acc)),
+           "acceptance_rate": float(np.mean(acc) / dec.k), "rounds": int(acc.size),
+           "speedup": t_plain / t_spec}
+  if temperature == 0:
+    specd["greedy_match"] = bool(all(np.array_equal(a, s[0]) for a, s in zip(plain_out, spec)))
+  setup = {"draft_len": dec.k, "temperature": temperature, "new_tokens": new_tokens, "prompts": len(prompts),
+           "prompt_len": int(np.mean([len(p) for p in prompts])), "backend": jax.default_backend()}
+  return {"plain": plain, "speculative": specd, "setup": setup}
