@@ -18,6 +18,13 @@ epochs). Process p reads only rows [p B, (p+1) B) of each global batch, B = glob
 so the processes together see exactly the single-process batches. Batching happens on indices
 before any token is read, so a process never touches other processes' rows.
 
+Labelled task data (nsl/data/tasks): when a split in the manifest also lists `label_shards`
+(same layout and length as its token shards), every batch also carries `labels`, int32 aligned
+with `tokens`, where the stored value `manifest["label_ignore"]` becomes -1 (no target). A split's
+`extra_shards` ({name: {width, dtype, shards}}, e.g. precomputed LIFT teacher states) add
+`name` [B, seq_len + 1, width] (int32 or float32; zeros in padding rows). Plain corpora have
+neither and yield exactly {'tokens', 'segment'} as before.
+
 The iterator is a Grain DatasetIterator: `get_state()` / `set_state()` checkpoint and restore
 its position exactly. Reading runs in the calling thread (no workers): a batch is a few
 vectorised memmap copies.
@@ -39,17 +46,18 @@ VERIFY_MODES = ("size", "sha256")
 class SplitTokens:
   """A split's shards as one read-only logical token array."""
 
-  def __init__(self, data_dir: str, manifest: dict, split: str):
-    shards = manifest["splits"][split]["shards"]
+  def __init__(self, data_dir: str, manifest: dict, split: str, key: str = "shards"):
+    shards = manifest["splits"][split][key]
     dtype = np.dtype(manifest["dtype"]).newbyteorder("<")  # shards are little-endian on disk
     self.maps = [np.memmap(os.path.join(data_dir, s["file"]), dtype=dtype, mode="r",
                            shape=(s["tokens"],)) for s in shards]
     self.starts = np.cumsum([0] + [s["tokens"] for s in shards], dtype=np.int64)
+    self.out_dtype = np.int32 if dtype.kind in "ui" else np.float32
     self.num_tokens = int(self.starts[-1])
 
   def read(self, start: int, length: int) -> np.ndarray:
     """Tokens [start, start + length) as int32, crossing shard boundaries as needed."""
-    out = np.empty(length, np.int32)
+    out = np.empty(length, self.out_dtype)
     shard = int(np.searchsorted(self.starts, start, side="right")) - 1
     done = 0
     while done < length:
@@ -69,16 +77,49 @@ def segment_ids(tokens: np.ndarray, eos_id: int) -> np.ndarray:
   return seg
 
 
-class _ReadRows:
-  """Global batch of window indices -> this process's rows of tokens and segments."""
+def open_labels(data_dir: str, manifest: dict, split: str):
+  """(SplitTokens over the split's label shards, stored ignore value), or None for plain corpora."""
+  if "label_shards" not in manifest["splits"][split]:
+    return None
+  return SplitTokens(data_dir, manifest, split, key="label_shards"), int(manifest["label_ignore"])
 
-  def __init__(self, tokens: SplitTokens, window: int, eos_id: int, rows: slice):
+
+def open_extras(data_dir: str, manifest: dict, split: str) -> dict:
+  """{name: (reader over the flattened [tokens * width] values, width)} of a split's `extra_shards`."""
+  out = {}
+  for name, spec in manifest["splits"][split].get("extra_shards", {}).items():
+    width = int(spec["width"])
+    flat = {"dtype": spec["dtype"], "splits": {split: {"shards": [dict(s, tokens=s["tokens"] * width)
+                                                                  for s in spec["shards"]]}}}
+    out[name] = (SplitTokens(data_dir, flat, split), width)
+  return out
+
+
+def _read_extra(reader, width: int, start: int, length: int) -> np.ndarray:
+  return reader.read(start * width, length * width).reshape(length, width)
+
+
+def _as_labels(raw: np.ndarray, ignore: int) -> np.ndarray:
+  return np.where(raw == ignore, -1, raw).astype(np.int32)
+
+
+class _ReadRows:
+  """Global batch of window indices -> this process's rows of tokens and segments (and labels)."""
+
+  def __init__(self, tokens: SplitTokens, window: int, eos_id: int, rows: slice, labels=None, extras=None):
     self.tokens, self.window, self.eos_id, self.rows = tokens, window, eos_id, rows
+    self.labels, self.extras = labels, extras or {}
 
   def __call__(self, indices: np.ndarray) -> dict[str, np.ndarray]:
     mine = np.asarray(indices)[self.rows]
     toks = np.stack([self.tokens.read(int(w) * self.window, self.window) for w in mine])
-    return {"tokens": toks, "segment": segment_ids(toks, self.eos_id)}
+    out = {"tokens": toks, "segment": segment_ids(toks, self.eos_id)}
+    if self.labels is not None:
+      lab, ignore = self.labels
+      out["labels"] = _as_labels(np.stack([lab.read(int(w) * self.window, self.window) for w in mine]), ignore)
+    for name, (reader, width) in self.extras.items():
+      out[name] = np.stack([_read_extra(reader, width, int(w) * self.window, self.window) for w in mine])
+    return out
 
 
 def _open_split(data_dir: str, split: str, seq_len: int, verify: str):
@@ -88,6 +129,11 @@ def _open_split(data_dir: str, split: str, seq_len: int, verify: str):
     raise ConfigError(f"seq_len={seq_len} must be positive")
   manifest = load_manifest(data_dir)
   verify_shards(data_dir, manifest, split, full_checksum=verify == "sha256")
+  if "label_shards" in manifest["splits"][split]:
+    verify_shards(data_dir, {"splits": {split: {"shards": manifest["splits"][split]["label_shards"]}}}, split,
+                  full_checksum=verify == "sha256")
+  for spec in manifest["splits"][split].get("extra_shards", {}).values():
+    verify_shards(data_dir, {"splits": {split: {"shards": spec["shards"]}}}, split, full_checksum=verify == "sha256")
   tokens = SplitTokens(data_dir, manifest, split)
   return manifest, tokens, tokens.num_tokens // (seq_len + 1)
 
@@ -130,7 +176,8 @@ def make_train_iterator(data_dir: str, seq_len: int, global_batch_size: int, see
                     f"{global_batch_size}; use more data or a smaller batch / seq_len")
   ds = (grain.MapDataset.range(n).shuffle(seed=seed).repeat()
         .batch(global_batch_size, drop_remainder=True)
-        .map(_ReadRows(tokens, seq_len + 1, manifest["eos_id"], rows)))
+        .map(_ReadRows(tokens, seq_len + 1, manifest["eos_id"], rows, open_labels(data_dir, manifest, "train"),
+                       open_extras(data_dir, manifest, "train"))))
   read = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
   return iter(ds.to_iter_dataset(read))
 
@@ -143,8 +190,9 @@ class EvalBatches:
   """
 
   def __init__(self, tokens: SplitTokens, num_windows: int, seq_len: int, eos_id: int,
-               batch_size: int, rows: slice, max_batches: int | None):
+               batch_size: int, rows: slice, max_batches: int | None, labels=None, extras=None):
     self.tokens, self.n, self.window, self.eos_id = tokens, num_windows, seq_len + 1, eos_id
+    self.labels, self.extras = labels, extras or {}
     self.batch_size, self.rows = batch_size, rows
     total = -(-num_windows // batch_size)
     self.num_batches = total if max_batches is None else min(total, max_batches)
@@ -162,7 +210,19 @@ class EvalBatches:
         toks[:real] = self.tokens.read(first * self.window, real * self.window).reshape(real, -1)
       seg = segment_ids(toks, self.eos_id)
       seg[real:] = 0
-      yield {"tokens": toks, "segment": seg}
+      out = {"tokens": toks, "segment": seg}
+      if self.labels is not None:
+        lab, ignore = self.labels
+        labels = np.full((local, self.window), -1, np.int32)
+        if real:
+          labels[:real] = _as_labels(lab.read(first * self.window, real * self.window).reshape(real, -1), ignore)
+        out["labels"] = labels
+      for name, (reader, width) in self.extras.items():
+        arr = np.zeros((local, self.window, width), reader.out_dtype)
+        if real:
+          arr[:real] = _read_extra(reader, width, first * self.window, real * self.window).reshape(real, self.window, width)
+        out[name] = arr
+      yield out
 
 
 def make_eval_batches(data_dir: str, split: str, seq_len: int, batch_size: int,
@@ -176,4 +236,5 @@ def make_eval_batches(data_dir: str, split: str, seq_len: int, batch_size: int,
   if n == 0:
     raise DataError(f"{split} split of {data_dir} has {tokens.num_tokens} tokens, less than one "
                     f"window of seq_len+1={seq_len + 1}; raise --val_fraction or use more data")
-  return EvalBatches(tokens, n, seq_len, manifest["eos_id"], batch_size, rows, max_batches)
+  return EvalBatches(tokens, n, seq_len, manifest["eos_id"], batch_size, rows, max_batches,
+                     open_labels(data_dir, manifest, split), open_extras(data_dir, manifest, split))

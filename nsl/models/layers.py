@@ -197,10 +197,18 @@ def next_token_targets(batch: dict[str, Any]):
 
   A target counts iff input and target are in the same document and not padding (segment 0):
   the target after an EOS (the next document's first token) is ignored (REFERENCES §1 "Loss").
+
+  Labelled task data (a batch with `labels`, aligned with `tokens`, -1 = none; see
+  nsl/data/tasks): the target of input i is `labels[i]` instead of the next token, counted iff
+  it is >= 0 and not padding.
   """
   tokens, segment = batch["tokens"], batch["segment"]
   inputs, targets = tokens[:, :-1], tokens[:, 1:]
   seg_in, seg_tgt = segment[:, :-1], segment[:, 1:]
+  if "labels" in batch:
+    labels = batch["labels"][:, :-1]
+    weights = ((labels >= 0) & (seg_in > 0)).astype(jnp.float32)
+    return inputs, jnp.maximum(labels, 0), seg_in, weights
   weights = ((seg_in == seg_tgt) & (seg_in > 0)).astype(jnp.float32)
   return inputs, targets, seg_in, weights
 

@@ -1,0 +1,482 @@
+"""LIFT: latent-state feedback with teacher supervision (REFERENCES §3).
+
+Every input token is paired with a *state*: a distribution over the vocabulary that summarises
+the previous position's prediction. It is projected through the tied embedding matrix and fused
+with the token embedding; the model is trained to predict the next state as well as the next
+token, and at inference feeds back its own predicted states, token by token, with a KV cache.
+
+The paper's equations were not retrievable; this file implements the simplest reading of
+REFERENCES §3, every choice configurable under `config.lift`:
+
+- **State** of a logit vector z: keep the top-k logits (k = `lift.top_k`, 1024), softmax of
+  z/τ over them (τ = `lift.temperature`, 1.5), zeros elsewhere (`state_from_logits`). The state
+  made at position t (the prediction of target t) is fed to position t+1; the first position of
+  every document gets a learned initial state vector instead (`init_state`, in embedding space).
+- **Fusion** (`Fusion`): sE = s·E (E the tied embedding), z = [RMSNorm(e); RMSNorm(sE)],
+  ẽ = e + W_down(SiLU(W_gate z) ⊙ W_up z); hidden h = `lift.fusion_hidden` (0: round(2.2 d)),
+  so the fusion adds 5·d·h ≈ 11d² parameters (+ 2d norm scales, the initial state d, the
+  dropout bias d).
+- **Loss** (variant `lift`): CE + λ·KL(s_teacher,t ‖ q_t) with λ = `lift.kl_weight` (1.5). The
+  forward KL is "top-k adapted": it sums only over the teacher state's support (s is zero
+  elsewhere, 0·log 0 = 0); q = softmax(z_model/τ_kl) over the full vocabulary with
+  τ_kl = `lift.kl_temperature` (default τ), so a model with KL → 0 reproduces the teacher's state
+  from its own logits. The teacher is detached (stop_gradient).
+- **Teacher states** (`lift.teacher`): `labels` = an oracle teacher whose next-state is the
+  one-hot target (for synthetic tasks like S5, whose targets *are* the states; top-k and τ leave
+  a one-hot unchanged); a run directory = a frozen nsl model (`nsl.models.teacher`), its
+  states computed in parallel (teacher forcing) on the fly; `precomputed` = top-k indices and
+  values carried by the batch (`teacher_idx`, `teacher_val`; `python -m nsl.models.teacher
+  precompute`).
+- **Prefix state dropout** (`lift.state_dropout` = p): with probability p per sequence, the
+  sequence's fed states (`lift.dropout_mode='sequence'`: all of them, including the initial
+  one; `'prefix'`: a uniformly random-length prefix) are replaced by a learned bias b (in the
+  state-embedding space), so prompts can be prefilled in parallel with b.
+- **Self-state adaptation**: from step ceil((1 - `lift.adapt_fraction`)·train.steps) on (last
+  10%), no teacher and no KL; n extra no-gradient forward passes make the model's own states,
+  n ∈ {0, 1, 2} with probabilities `lift.adapt_pass_probs` = (0.5, 0.25, 0.25) (our reading of
+  "with probability 0.5 run 1–2 extra passes"); pass 1 starts from b everywhere, pass i+1 is fed
+  the states of pass i; the trained pass is fed the last ones (b when n = 0). Decided inside
+  the loss with `lax.cond` / `lax.switch` on `step`.
+
+Variants: `lift` (above); `lift_no_states` (the same parameters, channel off: every fed state is
+b; CE only); `distill` (no fusion, no channel: a standard transformer with CE + λ·KL to the
+teacher); `lift_rnn` (sequential feedback of the model's own states during training: a
+no-gradient cached pass, exactly inference, produces the states the gradient pass is fed;
+CE + λ·KL when a teacher is set; for small models — T sequential steps per batch).
+
+Inference: `feedback_logits` runs teacher-forced tokens with own-state feedback and a KV cache
+(`recompute_feedback_logits` is the O(T) reference that reruns the full prefix per token);
+`generate` decodes greedily.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from nsl import attention, masks
+from nsl.errors import ConfigError
+from nsl.models import layers
+from nsl.models.family import Family, train_flops_per_token
+from nsl.models.transformer import standard_rule
+
+VARIANTS = ("lift", "lift_no_states", "distill", "lift_rnn")
+DROPOUT_MODES = ("sequence", "prefix")
+
+
+# -- definitions --------------------------------------------------------------------------------
+def state_from_logits(logits_V, top_k: int, temperature: float):
+  """Top-k temperature softmax scattered back to the vocabulary: float32 [..., V], <= k non-zeros."""
+  logits_V = logits_V.astype(jnp.float32)
+  k = min(int(top_k), logits_V.shape[-1])
+  vals, idx = jax.lax.top_k(logits_V, k)
+  probs = jax.nn.softmax(vals / temperature, axis=-1)
+  return scatter_topk(idx, probs, logits_V.shape[-1])
+
+
+def scatter_topk(idx_K, val_K, vocab_size: int):
+  """[..., k] indices and values -> dense [..., V] (the precomputed-shard representation)."""
+  lead = idx_K.shape[:-1]
+  flat_i = idx_K.reshape(-1, idx_K.shape[-1])
+  flat_v = val_K.reshape(-1, val_K.shape[-1]).astype(jnp.float32)
+  out = jnp.zeros((flat_i.shape[0], vocab_size), jnp.float32)
+  out = out.at[jnp.arange(flat_i.shape[0])[:, None], flat_i].add(flat_v)
+  return out.reshape(lead + (vocab_size,))
+
+
+def topk_forward_kl(teacher_BTV, logits_BTV, temperature: float, weights_BT):
+  """Mean over weighted positions of Σ_v s_v (log s_v - log softmax(z/τ)_v), summed only over the
+  teacher's support (s_v > 0)."""
+  logq = jax.nn.log_softmax(logits_BTV.astype(jnp.float32) / temperature, axis=-1)
+  s = jax.lax.stop_gradient(teacher_BTV.astype(jnp.float32))
+  pos = s > 0
+  kl = jnp.sum(jnp.where(pos, s * (jnp.log(jnp.where(pos, s, 1.0)) - logq), 0.0), axis=-1)
+  return jnp.sum(kl * weights_BT) / jnp.maximum(jnp.sum(weights_BT), 1.0)
+
+
+def shift_states(state_BTD, init_D, segment_BT):
+  """Fed state embedding at t: the state made at t-1, or `init_D` at a document's first position."""
+  prev = jnp.concatenate([jnp.zeros_like(state_BTD[:, :1]), state_BTD[:, :-1]], axis=1)
+  first = jnp.concatenate([jnp.ones_like(segment_BT[:, :1], bool), segment_BT[:, 1:] != segment_BT[:, :-1]], axis=1)
+  return jnp.where(first[..., None], init_D.astype(state_BTD.dtype), prev)
+
+
+def dropout_mask(rng, batch: int, length: int, p: float, mode: str):
+  """[B, T] bool: positions whose fed state is replaced by the bias b (prefix state dropout)."""
+  k1, k2 = jax.random.split(rng)
+  drop_B = jax.random.bernoulli(k1, p, (batch,))
+  if mode == "sequence":
+    return jnp.broadcast_to(drop_B[:, None], (batch, length))
+  prefix_B = jax.random.randint(k2, (batch,), 1, length + 1)
+  return drop_B[:, None] & (jnp.arange(length)[None, :] < prefix_B[:, None])
+
+
+@dataclasses.dataclass(frozen=True)
+class LiftSpec:
+  """The static LIFT hyper-parameters (hashable)."""
+
+  variant: str = "lift"
+  top_k: int = 1024
+  temperature: float = 1.5
+  kl_weight: float = 1.5
+  kl_temperature: float = 0.0  # 0 = temperature
+  fusion_hidden: int = 0  # 0 = round(2.2 d): ≈ 11 d² fusion parameters
+  state_dropout: float = 0.0
+  dropout_mode: str = "sequence"
+  adapt_fraction: float = 0.1
+  adapt_pass_probs: tuple[float, ...] = (0.5, 0.25, 0.25)
+  teacher: str = "labels"  # labels | precomputed | <run dir>
+
+  @property
+  def has_channel(self) -> bool:
+    return self.variant != "distill"
+
+  @property
+  def kl_tau(self) -> float:
+    return self.kl_temperature or self.temperature
+
+  def hidden(self, d: int) -> int:
+    return self.fusion_hidden or int(round(2.2 * d))
+
+  @staticmethod
+  def from_config(config) -> "LiftSpec":
+    l = config.lift
+    return LiftSpec(variant=config.model.variant, top_k=int(l.top_k), temperature=float(l.temperature),
+                    kl_weight=float(l.kl_weight), kl_temperature=float(l.kl_temperature),
+                    fusion_hidden=int(l.fusion_hidden), state_dropout=float(l.state_dropout),
+                    dropout_mode=str(l.dropout_mode), adapt_fraction=float(l.adapt_fraction),
+                    adapt_pass_probs=tuple(float(x) for x in l.adapt_pass_probs), teacher=str(l.teacher))
+
+
+def default_lift_config():
+  """The `config.lift` section with REFERENCES §3 defaults (configs add it: `c.lift = ...`)."""
+  import ml_collections
+
+  l = ml_collections.ConfigDict()
+  s = LiftSpec()
+  for f in dataclasses.fields(LiftSpec):
+    if f.name != "variant":
+      l[f.name] = getattr(s, f.name)
+  return l
+
+
+# -- modules ------------------------------------------------------------------------------------
+class Fusion(nn.Module):
+  """ẽ = e + W_down(SiLU(W_gate z) ⊙ W_up z), z = [RMSNorm(e); RMSNorm(sE)]."""
+
+  dims: layers.Dims
+  hidden: int
+
+  @nn.compact
+  def __call__(self, e_BTD, se_BTD):
+    d, h, std = self.dims.d_model, self.hidden, self.dims.init_std
+    z = jnp.concatenate([layers.RMSNorm(self.dims.norm_eps, name="token_norm")(e_BTD),
+                         layers.RMSNorm(self.dims.norm_eps, name="state_norm")(se_BTD.astype(e_BTD.dtype))], -1)
+    init = lambda s, axes: nn.with_logical_partitioning(nn.initializers.normal(stddev=s), axes)
+    w_gate = self.param("w_gate", init(std, (None, "mlp")), (2 * d, h))
+    w_up = self.param("w_up", init(std, (None, "mlp")), (2 * d, h))
+    w_down = self.param("w_down", init(std / math.sqrt(2 * self.dims.n_layers), ("mlp", "embed")), (h, d))
+    dt = e_BTD.dtype
+    return e_BTD + (jax.nn.silu(z @ w_gate.astype(dt)) * (z @ w_up.astype(dt))) @ w_down.astype(dt)
+
+
+class LiftLM(nn.Module):
+  """tokens [B, T], segment [B, T], fed state embeddings [B, T, D] (or None) -> logits [B, T, V]."""
+
+  dims: layers.Dims
+  rule: masks.Rule
+  spec: LiftSpec
+
+  def setup(self):
+    d = self.dims.d_model
+    self.embedder = layers.Embedder(self.dims, name="embed")
+    self.trunk = layers.Stack(self.dims, self.rule, name="trunk")
+    if self.spec.has_channel:
+      self.fusion = Fusion(self.dims, self.spec.hidden(d), name="fusion")
+      vec = lambda: nn.with_logical_partitioning(nn.initializers.normal(stddev=self.dims.init_std), ("embed",))
+      self.init_state = self.param("init_state", vec(), (d,))
+      self.state_bias = self.param("state_bias", vec(), (d,))
+
+  def state_embedding(self, probs_BTV):
+    """s·E in float32 (the state's expected token embedding)."""
+    return jnp.einsum("btv,vd->btd", probs_BTV.astype(jnp.float32), self.embedder.embedding.astype(jnp.float32))
+
+  def fed_states(self, probs_BTV, segment_BT, drop_BT=None):
+    """The fed state embedding per position: shifted states, initial state, bias where dropped."""
+    se = shift_states(self.state_embedding(probs_BTV), self.init_state, segment_BT)
+    if drop_BT is not None:
+      se = jnp.where(drop_BT[..., None], self.state_bias.astype(se.dtype), se)
+    return se
+
+  def bias_states(self, shape_BT):
+    return jnp.broadcast_to(self.state_bias.astype(jnp.float32), shape_BT + (self.dims.d_model,))
+
+  def embed(self, tokens_BT, fed_BTD=None):
+    e = self.embedder.encode(tokens_BT)
+    if self.spec.has_channel:
+      e = self.fusion(e, fed_BTD)
+    return e
+
+  def hidden(self, tokens_BT, segment_BT, fed_BTD=None):
+    slots = attention.Slots(masks.Layout.causal(tokens_BT.shape[1]), segment=segment_BT)
+    x = nn.with_logical_constraint(self.embed(tokens_BT, fed_BTD), ("batch", "length", "act_embed"))
+    return self.trunk(x, slots)
+
+  def logits(self, h_BTD):
+    return self.embedder.decode(h_BTD)
+
+  def __call__(self, tokens_BT, segment_BT, fed_BTD=None):
+    if self.spec.has_channel and fed_BTD is None:
+      fed_BTD = self.bias_states(tokens_BT.shape)
+    return self.logits(self.hidden(tokens_BT, segment_BT, fed_BTD))
+
+
+# -- KV-cache inference with own-state feedback -------------------------------------------------
+def _sub(params, *path):
+  for p in path:
+    params = params[p]
+  return {"params": params}
+
+
+def _cached_step(dims: layers.Dims, model: LiftLM, params, cache, tok_B, fed_BD, t):
+  """One position through the trunk with the K/V cache [L, 2, B, Tmax, H, Dh]; -> logits [B, V]."""
+  x = model.apply({"params": params}, tok_B[:, None], None if fed_BD is None else fed_BD[:, None], method=LiftLM.embed)
+  pos = jnp.reshape(t, (1,))
+  attn_mod, norm, mlp = layers.Attention(dims), layers.RMSNorm(dims.norm_eps), layers.SwiGLU(dims)
+  tmax = cache.shape[3]
+  new_cache = []
+  for i in range(dims.n_layers):
+    b = ("trunk", f"block_{i}")
+    h = norm.apply(_sub(params, *b, "attn_norm"), x)
+    q = attn_mod.apply(_sub(params, *b, "attn"), h, pos, method=layers.Attention.project_q)
+    k, v = attn_mod.apply(_sub(params, *b, "attn"), h, pos, method=layers.Attention.project_kv)
+    kc = jax.lax.dynamic_update_slice_in_dim(cache[i, 0], k.astype(cache.dtype), t, axis=1)
+    vc = jax.lax.dynamic_update_slice_in_dim(cache[i, 1], v.astype(cache.dtype), t, axis=1)
+    new_cache.append(jnp.stack([kc, vc]))
+    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), kc.astype(jnp.float32)) / math.sqrt(dims.head_dim)
+    s = jnp.where((jnp.arange(tmax) <= t)[None, None, None, :], s, -jnp.inf)
+    o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), vc.astype(jnp.float32)).astype(x.dtype)
+    x = x + attn_mod.apply(_sub(params, *b, "attn"), o, method=layers.Attention.output)
+    x = x + mlp.apply(_sub(params, *b, "mlp"), norm.apply(_sub(params, *b, "mlp_norm"), x))
+  x = norm.apply(_sub(params, "trunk", "final_norm"), x)
+  logits = model.apply({"params": params}, x, method=LiftLM.logits)[:, 0]
+  return logits, jnp.stack(new_cache)
+
+
+def _own_state_scan(dims, spec, model, params, tokens_BT, choose_token=None, feed: str = "own"):
+  """Sequential decode: position t is fed the state of the logits at t-1 (own) or b (bias)."""
+  B, T = tokens_BT.shape
+  cache = jnp.zeros((dims.n_layers, 2, B, T, dims.n_heads, dims.head_dim), dims.compute_dtype)
+  p = params
+  d = dims.d_model
+
+  def se_of(probs_BV):
+    return jnp.einsum("bv,vd->bd", probs_BV, p["embed"]["embedding"].astype(jnp.float32))
+
+  def body(carry, t):
+    cache, fed, prev_tok = carry
+    tok = tokens_BT[:, t] if choose_token is None else choose_token(t, prev_tok)
+    logits, cache = _cached_step(dims, model, p, cache, tok, fed if spec.has_channel else None, t)
+    if spec.has_channel:
+      fed = (se_of(state_from_logits(logits, spec.top_k, spec.temperature)) if feed == "own"
+             else jnp.broadcast_to(p["state_bias"].astype(jnp.float32), (B, d)))
+    return (cache, fed, jnp.argmax(logits, -1).astype(tokens_BT.dtype)), (logits, tok)
+
+  if spec.has_channel:
+    first = p["init_state"] if feed == "own" else p["state_bias"]
+    fed0 = jnp.broadcast_to(first.astype(jnp.float32), (B, d))
+  else:
+    fed0 = jnp.zeros((B, d), jnp.float32)
+  _, (logits_TBV, toks_TB) = jax.lax.scan(body, (cache, fed0, tokens_BT[:, 0]), jnp.arange(T))
+  return jnp.swapaxes(logits_TBV, 0, 1), jnp.swapaxes(toks_TB, 0, 1)
+
+
+# -- the family ---------------------------------------------------------------------------------
+class LiftFamily(Family):
+  """LIFT and its baselines (module docstring). Batches may carry `labels` (task data) and, for
+  `lift.teacher='precomputed'`, `teacher_idx` / `teacher_val` [B, T+1, k]."""
+
+  name = "lift"
+  variants = VARIANTS
+
+  def __init__(self, config):
+    self.spec = LiftSpec.from_config(config)
+    super().__init__(config)
+    self._teacher = None
+
+  @classmethod
+  def validate(cls, config) -> None:
+    super().validate(config)
+    if "lift" not in config:
+      raise ConfigError("config.lift is missing; start from configs/lift_tiny.py or add "
+                        "`c.lift = nsl.models.lift.default_lift_config()`")
+    s = LiftSpec.from_config(config)
+    if s.top_k <= 0:
+      raise ConfigError(f"config.lift.top_k={s.top_k} must be positive")
+    if s.temperature <= 0 or s.kl_temperature < 0:
+      raise ConfigError("config.lift.temperature must be positive and lift.kl_temperature >= 0")
+    if not 0.0 <= s.state_dropout <= 1.0:
+      raise ConfigError(f"config.lift.state_dropout={s.state_dropout} must be in [0, 1]")
+    if s.dropout_mode not in DROPOUT_MODES:
+      raise ConfigError(f"config.lift.dropout_mode={s.dropout_mode!r} must be one of {DROPOUT_MODES}")
+    if not 0.0 <= s.adapt_fraction < 1.0:
+      raise ConfigError(f"config.lift.adapt_fraction={s.adapt_fraction} must be in [0, 1)")
+    if len(s.adapt_pass_probs) != 3 or abs(sum(s.adapt_pass_probs) - 1) > 1e-6 or min(s.adapt_pass_probs) < 0:
+      raise ConfigError("config.lift.adapt_pass_probs must be 3 probabilities (0, 1, 2 passes) summing to 1")
+    if not s.teacher and s.variant in ("lift", "distill"):
+      raise ConfigError(f"config.lift.teacher is empty but variant {s.variant!r} needs one: 'labels', "
+                        "'precomputed' or a teacher run directory")
+
+  @property
+  def rule(self) -> masks.Rule:
+    return standard_rule(self.config.model.window)
+
+  def make_model(self):
+    return LiftLM(self.dims, self.rule, self.spec)
+
+  def model_inputs(self, batch):
+    inputs, _, seg_in, _ = layers.next_token_targets(batch)
+    fed = jnp.zeros(inputs.shape + (self.dims.d_model,), jnp.float32) if self.spec.has_channel else None
+    return inputs, seg_in, fed
+
+  def dummy_batch(self, batch_size: int = 1):
+    b = super().dummy_batch(batch_size)
+    if self.spec.teacher == "precomputed":
+      k = min(self.spec.top_k, self.dims.vocab_size)
+      b["teacher_idx"] = jnp.zeros(b["tokens"].shape + (k,), jnp.int32)
+      b["teacher_val"] = jnp.zeros(b["tokens"].shape + (k,), jnp.float32)
+    return b
+
+  # -- teacher states ---------------------------------------------------------------------------
+  @property
+  def teacher(self):
+    if self._teacher is None and self.spec.teacher not in ("", "labels", "precomputed"):
+      from nsl.models import teacher as teacher_lib
+      self._teacher = teacher_lib.Teacher.load(self.spec.teacher, self.config)
+    return self._teacher
+
+  def teacher_states(self, batch, targets_BT, weights_BT):
+    """s_teacher,t [B, T, V]: the teacher's state at each input position (its prediction of target t)."""
+    s, V = self.spec, self.dims.vocab_size
+    if s.teacher == "labels":
+      return jax.nn.one_hot(targets_BT, V, dtype=jnp.float32) * weights_BT[..., None]
+    if s.teacher == "precomputed":
+      return scatter_topk(batch["teacher_idx"][:, :-1], batch["teacher_val"][:, :-1], V)
+    logits = self.teacher.logits(batch)
+    if logits.shape[-1] < V:
+      logits = jnp.pad(logits, ((0, 0), (0, 0), (0, V - logits.shape[-1])), constant_values=-jnp.inf)
+    return jax.lax.stop_gradient(state_from_logits(logits[..., :V], s.top_k, s.temperature))
+
+  # -- loss -------------------------------------------------------------------------------------
+  def adapt_start(self) -> int:
+    steps = int(self.config.train.steps)
+    return steps if self.spec.adapt_fraction == 0 else int(math.ceil((1.0 - self.spec.adapt_fraction) * steps))
+
+  def own_states(self, params, inputs, seg_in, fed):
+    """One no-gradient pass: the states of the model's own logits when fed `fed`."""
+    logits = self.model.apply({"params": params}, inputs, seg_in, fed)
+    return jax.lax.stop_gradient(state_from_logits(logits, self.spec.top_k, self.spec.temperature))
+
+  def fed(self, params, probs, seg_in, drop=None):
+    return self.model.apply({"params": params}, probs, seg_in, drop, method=LiftLM.fed_states)
+
+  def loss(self, params, batch, rng, step):
+    s = self.spec
+    inputs, targets, seg_in, weights = layers.next_token_targets(batch)
+    apply = lambda fed: self.model.apply({"params": params}, inputs, seg_in, fed)
+    ce = lambda logits: layers.masked_cross_entropy(logits, targets, weights)
+    B, T = inputs.shape
+    bias = self.model.apply({"params": params}, (B, T), method=LiftLM.bias_states) if s.has_channel else None
+
+    if s.variant == "lift_no_states":
+      loss, w = ce(apply(bias))
+      return loss, {"weight": w, "ce": loss}
+
+    if s.variant == "distill":
+      logits = apply(None)
+      loss, w = ce(logits)
+      kl = topk_forward_kl(self.teacher_states(batch, targets, weights), logits, s.kl_tau, weights)
+      return loss + s.kl_weight * kl, {"weight": w, "ce": loss, "kl": kl}
+
+    if s.variant == "lift_rnn":
+      own, _ = _own_state_scan(self.dims, s, self.model, jax.lax.stop_gradient(params), inputs)
+      probs = jax.lax.stop_gradient(state_from_logits(own, s.top_k, s.temperature))
+      logits = apply(self.fed(params, probs, seg_in))
+      loss, w = ce(logits)
+      metrics = {"weight": w, "ce": loss}
+      if s.teacher:
+        kl = topk_forward_kl(self.teacher_states(batch, targets, weights), logits, s.kl_tau, weights)
+        metrics["kl"] = kl
+        loss = loss + s.kl_weight * kl
+      return loss, metrics
+
+    # lift: teacher phase, then self-state adaptation over the last adapt_fraction of steps.
+    k_drop, k_pass = jax.random.split(rng)
+    drop = dropout_mask(k_drop, B, T, s.state_dropout, s.dropout_mode) if s.state_dropout > 0 else None
+
+    def teacher_phase(_):
+      t_states = self.teacher_states(batch, targets, weights)
+      logits = apply(self.fed(params, t_states, seg_in, drop))
+      loss, w = ce(logits)
+      kl = topk_forward_kl(t_states, logits, s.kl_tau, weights)
+      return loss + s.kl_weight * kl, loss, kl, w
+
+    def adapt_phase(_):
+      sg = jax.lax.stop_gradient(params)
+      own = lambda fed: jax.lax.stop_gradient(self.fed(sg, self.own_states(sg, inputs, seg_in, fed), seg_in))
+      n = jax.random.choice(k_pass, 3, p=jnp.asarray(s.adapt_pass_probs))
+      fed = jax.lax.switch(n, [lambda: jax.lax.stop_gradient(bias), lambda: own(bias), lambda: own(own(bias))])
+      loss, w = ce(apply(fed))
+      return loss, loss, jnp.zeros((), jnp.float32), w
+
+    if s.adapt_fraction > 0:
+      total, loss, kl, w = jax.lax.cond(step >= self.adapt_start(), adapt_phase, teacher_phase, None)
+    else:
+      total, loss, kl, w = teacher_phase(None)
+    return total, {"weight": w, "ce": loss, "kl": kl}
+
+  # -- inference --------------------------------------------------------------------------------
+  def feedback_logits(self, params, tokens_BT, feed: str = "own"):
+    """Teacher-forced tokens, fed the model's own states (`feed='own'`) or b (`'bias'`), with a
+    KV cache: logits [B, T, V]. Rows are single documents."""
+    logits, _ = _own_state_scan(self.dims, self.spec, self.model, params, tokens_BT, feed=feed)
+    return logits
+
+  def recompute_feedback_logits(self, params, tokens_BT):
+    """Reference for `feedback_logits`: for t = 1..T rerun the whole prefix in parallel, fed the
+    states of the previous run's logits (after T runs every position saw its own prefix's states)."""
+    B, T = tokens_BT.shape
+    seg = jnp.ones_like(tokens_BT)
+    if not self.spec.has_channel:
+      return self.model.apply({"params": params}, tokens_BT, seg, None)
+    probs = jnp.zeros((B, T, self.dims.vocab_size), jnp.float32)
+    for _ in range(T):
+      logits = self.model.apply({"params": params}, tokens_BT, seg, self.fed(params, probs, seg))
+      probs = state_from_logits(logits, self.spec.top_k, self.spec.temperature)
+    return logits
+
+  def generate(self, params, prompt_BP, new_tokens: int):
+    """Greedy decoding with own-state feedback: the prompt's tokens are fed in order (its states
+    are the model's own too), then each argmax token. Returns tokens [B, P + new_tokens]."""
+    B, P = prompt_BP.shape
+    padded = jnp.concatenate([prompt_BP, jnp.zeros((B, new_tokens), prompt_BP.dtype)], axis=1)
+    choose = lambda t, prev: jnp.where(t < P, padded[:, t], prev)
+    _, toks = _own_state_scan(self.dims, self.spec, self.model, params, padded, choose_token=choose)
+    return toks
+
+  def flops_per_token(self) -> float:
+    """6 × (parameters + V·d for s·E when the channel is on) + visible attention; the teacher's
+    forward (2 × its parameters) is not counted; lift_rnn's sequential pass is counted as one
+    extra forward (2 × parameters)."""
+    t = self.seq_len
+    layout = masks.Layout.causal(t)
+    pairs = masks.visible_pairs(masks.Rule(persistent_window=self.config.model.window), layout, layout)
+    n = self.param_counts()["params_total"]
+    matmul = n + (self.dims.vocab_size * self.dims.d_model if self.spec.has_channel else 0)
+    extra = 2.0 * n if self.spec.variant == "lift_rnn" else 0.0
+    return train_flops_per_token(matmul, pairs / t, self.dims.n_layers, self.dims.d_model) + extra

@@ -1,0 +1,268 @@
+"""LIFT from its definitions (nsl/models/lift.py docstring): states, fusion, loss, dropout,
+self-state adaptation, cached own-state feedback, and teachers (on the fly and precomputed)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from nsl.models import layers, lift
+
+V, D = 16, 16
+
+
+def tiny_config(variant="lift", **lift_overrides):
+  from configs import base
+
+  c = base.get_config()
+  c.family = "lift"
+  c.model.variant = variant
+  c.model.vocab_size = V
+  c.model.d_model = D
+  c.model.n_layers = 2
+  c.model.n_heads = 2
+  c.model.d_ff = 32
+  c.model.attention_impl = "xla"
+  c.data.seq_len = 8
+  c.train.steps = 100
+  c.lift = lift.default_lift_config()
+  c.lift.top_k = 4
+  for k, v in lift_overrides.items():
+    c.lift[k] = v
+  return c
+
+
+def family_and_params(variant="lift", seed=0, **kw):
+  fam = lift.LiftFamily(tiny_config(variant, **kw))
+  return fam, nn.unbox(fam.init(jax.random.PRNGKey(seed)))
+
+
+def batch(seed=0, b=2, t=9):
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, V - 1, (b, t)).astype(np.int32)
+  return {"tokens": jnp.asarray(tokens), "segment": jnp.ones((b, t), jnp.int32)}
+
+
+def test_state_of_known_logits_is_topk_temperature_softmax():
+  logits = jnp.array([2.0, 1.0, 0.5, -1.0, 3.0, 0.0])
+  got = np.asarray(lift.state_from_logits(logits, top_k=3, temperature=1.5))
+  e = np.exp(np.array([3.0, 2.0, 1.0]) / 1.5)
+  want = np.zeros(6)
+  want[[4, 0, 1]] = e / e.sum()
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+  assert np.count_nonzero(got) == 3 and abs(got.sum() - 1) < 1e-6
+  # k >= V is a plain temperature softmax; batched shapes are kept.
+  full = lift.state_from_logits(jnp.stack([logits, -logits]), top_k=100, temperature=2.0)
+  np.testing.assert_allclose(full, jax.nn.softmax(jnp.stack([logits, -logits]) / 2.0), rtol=1e-6)
+
+
+def test_scatter_topk_and_topk_forward_kl():
+  dense = lift.scatter_topk(jnp.array([[3, 1]]), jnp.array([[0.7, 0.3]]), 5)
+  np.testing.assert_allclose(dense, [[0, 0.3, 0, 0.7, 0]])
+  z = jnp.array([[[0.5, -1.0, 2.0, 0.0, 1.0]]])
+  q = np.exp(np.asarray(z[0, 0]) / 1.5)
+  q /= q.sum()
+  want = 0.3 * (np.log(0.3) - np.log(q[1])) + 0.7 * (np.log(0.7) - np.log(q[3]))
+  got = lift.topk_forward_kl(dense[None], z, 1.5, jnp.ones((1, 1)))
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  # Weighted mean over positions; zero weight ignores a position.
+  two = lift.topk_forward_kl(jnp.concatenate([dense[None]] * 2, 1), jnp.concatenate([z, z * 9], 1), 1.5,
+                             jnp.array([[1.0, 0.0]]))
+  np.testing.assert_allclose(two, want, rtol=1e-5)
+
+
+def test_fusion_matches_definition_and_adds_11_d_squared():
+  dims = layers.Dims(vocab_size=V, d_model=D, n_layers=2, n_heads=2, d_ff=32)
+  h = round(2.2 * D)
+  fusion = lift.Fusion(dims, h)
+  e, se = jax.random.normal(jax.random.PRNGKey(1), (2, 3, D)), jax.random.normal(jax.random.PRNGKey(2), (2, 3, D))
+  p = nn.unbox(fusion.init(jax.random.PRNGKey(0), e, se))["params"]
+  p = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(3), x.shape), p)
+  rms = lambda x, g: x / np.sqrt(np.mean(x * x, -1, keepdims=True) + 1e-5) * g
+  z = np.concatenate([rms(np.asarray(e), p["token_norm"]["scale"]), rms(np.asarray(se), p["state_norm"]["scale"])], -1)
+  silu = lambda x: x / (1 + np.exp(-x))
+  want = np.asarray(e) + (silu(z @ p["w_gate"]) * (z @ p["w_up"])) @ p["w_down"]
+  np.testing.assert_allclose(fusion.apply({"params": p}, e, se), want, rtol=1e-4, atol=1e-5)
+  n = sum(x.size for x in jax.tree.leaves(p))
+  assert n == 5 * D * h + 2 * D
+  assert abs(5 * D * h - 11 * D * D) <= 5 * D
+
+
+def test_shift_states_initial_state_at_each_document_start():
+  st = jnp.arange(1, 6, dtype=jnp.float32)[None, :, None] * jnp.ones((1, 5, 2))
+  init = jnp.array([-1.0, -1.0])
+  seg = jnp.array([[1, 1, 1, 2, 2]])
+  got = np.asarray(lift.shift_states(st, init, seg))[0, :, 0]
+  np.testing.assert_array_equal(got, [-1, 1, 2, -1, 4])
+
+
+def test_dropout_masks():
+  r = jax.random.PRNGKey(0)
+  assert not lift.dropout_mask(r, 4, 6, 0.0, "sequence").any()
+  assert lift.dropout_mask(r, 4, 6, 1.0, "sequence").all()
+  m = np.asarray(lift.dropout_mask(r, 2000, 6, 0.3, "sequence"))
+  assert (m == m[:, :1]).all() and abs(m[:, 0].mean() - 0.3) < 0.05
+  pm = np.asarray(lift.dropout_mask(r, 500, 6, 1.0, "prefix"))
+  assert pm[:, 0].all() and (np.diff(pm.astype(int), axis=1) <= 0).all() and not pm.all()
+
+
+def _ce_kl(fam, params, b, fed):
+  inputs, targets, seg, w = layers.next_token_targets(b)
+  logits = fam.model.apply({"params": params}, inputs, seg, fed)
+  ce, _ = layers.masked_cross_entropy(logits, targets, w)
+  return ce, logits, targets, w
+
+
+def test_loss_is_ce_plus_lambda_kl_on_fed_teacher_states():
+  fam, params = family_and_params()
+  b = batch()
+  loss, m = fam.loss(params, b, jax.random.PRNGKey(0), jnp.asarray(0))
+  inputs, targets, seg, w = layers.next_token_targets(b)
+  s = jax.nn.one_hot(targets, V)  # the `labels` oracle teacher: one-hot next token
+  fed = fam.model.apply({"params": params}, s, seg, None, method=lift.LiftLM.fed_states)
+  # The fed state at t is s_{t-1}·E (init at t=0).
+  E = params["embed"]["embedding"]
+  np.testing.assert_allclose(fed[:, 1:], E[targets[:, :-1]], rtol=1e-6)
+  np.testing.assert_allclose(fed[:, 0], jnp.broadcast_to(params["init_state"], (2, D)), rtol=1e-6)
+  ce, logits, _, _ = _ce_kl(fam, params, b, fed)
+  kl = lift.topk_forward_kl(s, logits, 1.5, w)
+  np.testing.assert_allclose(loss, ce + 1.5 * kl, rtol=1e-5)
+  np.testing.assert_allclose(m["kl"], kl, rtol=1e-5)
+  g = jax.grad(lambda p: fam.loss(p, b, jax.random.PRNGKey(0), jnp.asarray(0))[0])(params)
+  assert float(jnp.abs(g["fusion"]["w_down"]).sum()) > 0 and float(jnp.abs(g["init_state"]).sum()) > 0
+
+
+def test_state_dropout_replaces_states_by_bias():
+  fam, params = family_and_params(state_dropout=1.0)
+  b = batch()
+  loss, m = fam.loss(params, b, jax.random.PRNGKey(0), jnp.asarray(0))
+  inputs, targets, seg, w = layers.next_token_targets(b)
+  bias = jnp.broadcast_to(params["state_bias"], inputs.shape + (D,))
+  ce, logits, _, _ = _ce_kl(fam, params, b, bias)
+  np.testing.assert_allclose(m["ce"], ce, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2])
+def test_self_state_adaptation_trains_on_own_states_without_teacher(n):
+  probs = tuple(1.0 if i == n else 0.0 for i in range(3))
+  fam, params = family_and_params(adapt_pass_probs=probs)
+  b = batch()
+  assert fam.adapt_start() == 90
+  loss, m = fam.loss(params, b, jax.random.PRNGKey(0), jnp.asarray(95))
+  assert float(m["kl"]) == 0.0
+  inputs, targets, seg, w = layers.next_token_targets(b)
+  fed = jnp.broadcast_to(params["state_bias"], inputs.shape + (D,))
+  for _ in range(n):
+    fed = fam.fed(params, fam.own_states(params, inputs, seg, fed), seg)
+  ce, _, _, _ = _ce_kl(fam, params, b, fed)
+  np.testing.assert_allclose(loss, ce, rtol=1e-5)
+
+
+def test_cached_feedback_equals_recomputed():
+  fam, params = family_and_params(top_k=5)
+  toks = batch(1, b=2, t=6)["tokens"]
+  cached = fam.feedback_logits(params, toks)
+  ref = fam.recompute_feedback_logits(params, toks)
+  np.testing.assert_allclose(cached, ref, rtol=1e-4, atol=1e-5)
+  # Channel off: the cached path with b equals the parallel model fed b.
+  off = fam.feedback_logits(params, toks, feed="bias")
+  np.testing.assert_allclose(off, fam.model.apply({"params": params}, toks, jnp.ones_like(toks)), rtol=1e-4, atol=1e-5)
+  out = fam.generate(params, toks[:, :3], 3)
+  assert out.shape == (2, 6) and (out[:, :3] == toks[:, :3]).all()
+  np.testing.assert_array_equal(out[:, 3], jnp.argmax(fam.feedback_logits(params, toks[:, :3])[:, -1], -1))
+
+
+def test_variants():
+  b = batch()
+  counts = {}
+  for variant in lift.VARIANTS:
+    fam, params = family_and_params(variant)
+    loss, m = jax.jit(fam.loss)(params, b, jax.random.PRNGKey(0), jnp.asarray(0))
+    assert np.isfinite(float(loss)), variant
+    counts[variant] = fam.param_counts()["params_total"]
+  assert counts["lift"] == counts["lift_no_states"] == counts["lift_rnn"]
+  assert counts["lift"] - counts["distill"] == 5 * D * round(2.2 * D) + 4 * D
+  # lift_no_states: CE with b everywhere; lift_rnn: CE + λ KL on its own (cached) states.
+  fam, params = family_and_params("lift_rnn")
+  loss, m = fam.loss(params, b, jax.random.PRNGKey(0), jnp.asarray(0))
+  inputs, targets, seg, w = layers.next_token_targets(b)
+  own = lift.state_from_logits(fam.feedback_logits(params, inputs), 4, 1.5)
+  ce, logits, _, _ = _ce_kl(fam, params, b, fam.fed(params, own, seg))
+  np.testing.assert_allclose(m["ce"], ce, rtol=1e-4)
+
+
+def _fake_run(tmp_path, name, config):
+  """A run dir (config.json + checkpoint of freshly initialised parameters), no training."""
+  from nsl import checkpoint, config as nsl_config
+  from nsl.models import registry
+  from nsl.train import state as train_state
+
+  workdir = tmp_path / name
+  workdir.mkdir()
+  fam = registry.get_family(config)
+  st = train_state.create(nn.unbox(fam.init(jax.random.PRNGKey(7))), train_state.make_optimizer(config))
+  (workdir / "config.json").write_text(json.dumps(nsl_config.to_dict(config)))
+  ck = checkpoint.Checkpointer(str(workdir / "checkpoints"), keep=1, async_save=False)
+  ck.save(1, st, None, {}, force=True)
+  ck.close()
+  return str(workdir), fam, st.params
+
+
+def _tiny_task_dir(tmp_path):
+  from nsl.data.tasks import s5
+
+  d = str(tmp_path / "s5")
+  s5.generate(d, train_sequences=40, val_sequences=8, max_train_len=6, heldout_per_length=4, max_eval_len=8)
+  return d
+
+
+def test_teacher_on_the_fly_precomputed_and_tokenizer_check(tmp_path):
+  from configs import base
+  from nsl.data import pipeline
+  from nsl.errors import ConfigError
+  from nsl.models import teacher as teacher_lib
+
+  data = _tiny_task_dir(tmp_path)
+  tc = base.get_config()
+  tc.model.vocab_size, tc.model.d_model, tc.model.n_layers, tc.model.n_heads, tc.model.d_ff = 136, 16, 1, 2, 32
+  tc.model.attention_impl = "xla"
+  tc.data.path, tc.data.sources, tc.data.tokenizer, tc.data.seq_len = data, ("task:s5",), "task:s5", 7
+  run, tfam, tparams = _fake_run(tmp_path, "teacher", tc)
+
+  sc = tiny_config("lift", teacher=run, top_k=4)
+  sc.model.vocab_size, sc.data.path, sc.data.tokenizer, sc.data.seq_len = 136, data, "task:s5", 7
+  fam = lift.LiftFamily(sc)
+  b = next(pipeline.make_train_iterator(data, seq_len=7, global_batch_size=2, seed=0))
+  b = {k: jnp.asarray(v) for k, v in b.items()}
+  inputs, targets, seg, w = layers.next_token_targets(b)
+  states = fam.teacher_states(b, targets, w)
+  want = lift.state_from_logits(tfam.model.apply({"params": tparams}, inputs, seg), 4, 1.5)
+  np.testing.assert_allclose(states, want, rtol=1e-5, atol=1e-6)
+
+  out = str(tmp_path / "s5_teacher")
+  teacher_lib.precompute(run, data, out, seq_len=7, top_k=4, batch_size=3)
+  pb = next(pipeline.make_train_iterator(out, seq_len=7, global_batch_size=2, seed=0))
+  assert pb["teacher_idx"].shape == (2, 8, 4) and "labels" in pb
+  np.testing.assert_array_equal(pb["tokens"], np.asarray(b["tokens"]))
+  pc = tiny_config("lift", teacher="precomputed", top_k=4)
+  pc.model.vocab_size = 136
+  pfam = lift.LiftFamily(pc)
+  pre = pfam.teacher_states({k: jnp.asarray(v) for k, v in pb.items()}, targets, w)
+  np.testing.assert_allclose(pre, states, atol=2e-3)
+  assert pfam.dummy_batch()["teacher_val"].shape[-1] == 4
+
+  other = str(tmp_path / "other")
+  from nsl.data import prepare
+  (tmp_path / "txt").mkdir()
+  (tmp_path / "txt" / "a.txt").write_text("hello world " * 20)
+  prepare.prepare(other, [str(tmp_path / "txt" / "a.txt")], tokenizer="byte", val_fraction=0.0)
+  bad = tiny_config("lift", teacher=run)
+  bad.model.vocab_size, bad.data.path, bad.data.tokenizer = 257, other, "byte"
+  with pytest.raises(ConfigError, match="tokenizer"):
+    lift.LiftFamily(bad).teacher
