@@ -4,7 +4,8 @@ decoder-only model of matched size (REFERENCES §2 "Inference").
 Generation treats the prompt as context and the generated tokens as one new block that starts
 at the *last prompt token* (position P-1): that token's generation-decoder output predicts the
 first new token, as in training, where the last position of a block predicts the next block's
-first token from inside its own block.
+first token from inside its own block. With `block_size`, every `block_size` tokens close a block:
+the context decoder re-prefills the grown prompt and the next block starts at its last token.
 
 - **prefill**: the context decoder runs once over prompt[:P-1] (the earlier blocks); each
   generation layer projects the latents to its cross K/V, which are cached ([Lg, B, P-1, H, Dh]);
@@ -12,8 +13,7 @@ first token from inside its own block.
 - **decode**: one token at a time through the generation decoder only: self K/V of the current
   block in a cache of `new_tokens` slots, cross attention to the cached context K/V, merged by LSE.
 Per token of context the cache holds Lg layers of K and V (vs all L layers for decoder-only):
-a third of decoder-only's with the 2:1 split. Longer outputs than one block would re-prefill the
-context with the grown prompt and start a new block; not implemented here.
+a third of decoder-only's with the 2:1 split.
 
 `generate_uncached` is the reference: full recomputation with `DoubleDecoder.__call__` and block
 ids [0]*(P-1) + [1]*rest at every step.
@@ -76,26 +76,44 @@ def decode_loop(model: DoubleDecoder, params, cache, logits_BV, steps: int, temp
   return tokens, logits, dict(cache, self_k=sk, self_v=sv)
 
 
-def generate(family, params, prompt_BP, new_tokens: int, *, temperature: float = 0.0, rng=None):
-  """`new_tokens` tokens after the prompt [B, P] with the cache: (tokens [B, N], logits [B, N, V])."""
+def generate(family, params, prompt_BP, new_tokens: int, *, temperature: float = 0.0, rng=None,
+             block_size: int | None = None):
+  """`new_tokens` tokens after the prompt [B, P] with the cache: (tokens [B, N], logits [B, N, V]).
+
+  `block_size` (default: all in one block) closes a block every `block_size` tokens: the context
+  decoder then re-prefills the grown prompt and a new block starts at its last token."""
   if new_tokens < 1 or prompt_BP.shape[1] < 2:
     raise ValueError("need new_tokens >= 1 and a prompt of at least 2 tokens")
   rng = jax.random.PRNGKey(0) if rng is None else rng
-  prompt = jnp.asarray(prompt_BP, jnp.int32)
-  logits, cache = prefill(family.model, params, prompt, int(new_tokens))
-  tokens, all_logits, _ = decode_loop(family.model, params, cache, logits, int(new_tokens), float(temperature), rng)
-  return tokens, all_logits
+  seq = jnp.asarray(prompt_BP, jnp.int32)
+  size = int(block_size or new_tokens)
+  toks, logits, done = [], [], 0
+  while done < new_tokens:
+    n = min(size, new_tokens - done)
+    first_logits, cache = prefill(family.model, params, seq, n)
+    t, lg, _ = decode_loop(family.model, params, cache, first_logits, n, float(temperature),
+                           jax.random.fold_in(rng, done))
+    toks.append(t)
+    logits.append(lg)
+    seq = jnp.concatenate([seq, t], axis=1)
+    done += n
+  return jnp.concatenate(toks, axis=1), jnp.concatenate(logits, axis=1)
 
 
-def generate_uncached(family, params, prompt_BP, new_tokens: int, *, temperature: float = 0.0, rng=None):
-  """Reference: recompute the whole sequence at every step (the training forward)."""
+def generate_uncached(family, params, prompt_BP, new_tokens: int, *, temperature: float = 0.0, rng=None,
+                      block_size: int | None = None):
+  """Reference: recompute the whole sequence at every step (the training forward) with block ids
+  0 for the context and 1, 2, ... for each `block_size` tokens from the last prompt token on."""
   rng = jax.random.PRNGKey(0) if rng is None else rng
-  rngs = jax.random.split(rng, new_tokens)
   prompt = jnp.asarray(prompt_BP, jnp.int32)
   b, p = prompt.shape
+  size = int(block_size or new_tokens)
+  keys = [jax.random.split(jax.random.fold_in(rng, d), min(size, new_tokens - d)) for d in range(0, new_tokens, size)]
+  rngs = jnp.concatenate(keys)
   # One fixed-length buffer (one compile): positions after the current one are causally invisible.
   seq = jnp.concatenate([prompt, jnp.zeros((b, new_tokens), jnp.int32)], axis=1)
-  block = (jnp.arange(p + new_tokens) >= p - 1).astype(jnp.int32)[None]
+  pos = jnp.arange(p + new_tokens)
+  block = jnp.where(pos >= p - 1, (pos - (p - 1)) // size + 1, 0).astype(jnp.int32)[None]
   apply = jax.jit(lambda prm, t: family.model.apply({"params": prm}, t, jnp.ones_like(t), block))
   toks, logits = [], []
   for k in range(new_tokens):

@@ -163,6 +163,11 @@ def test_cached_generation_equals_full_recomputation(family_params):
   np.testing.assert_array_equal(toks, ref_toks)
   np.testing.assert_allclose(logits, ref_logits, rtol=1e-4, atol=1e-4)
   assert len(np.unique(np.asarray(toks))) > 1
+  # Several blocks: the context re-prefills every 3 tokens (blocks 3, 3, 2).
+  toks3, logits3 = dd_decode.generate(family, params, prompt, 8, block_size=3)
+  ref3, ref_logits3 = dd_decode.generate_uncached(family, params, prompt, 8, block_size=3)
+  np.testing.assert_array_equal(toks3, ref3)
+  np.testing.assert_allclose(logits3, ref_logits3, rtol=1e-4, atol=1e-4)
   _, cache = dd_decode.prefill(family.model, params, prompt, 8)
   assert cache["cross_k"].shape[:3] == (1, 2, 8)  # one generation layer, P-1 context positions
 
