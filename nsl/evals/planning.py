@@ -1,0 +1,117 @@
+"""Exact-match accuracy of a trained run on its planning task's test set (greedy decoding).
+
+  python -m nsl.evals.planning --workdir=runs/nextlat_path_star [--limit=1000] [--batch_size=250]
+
+Reads the run's config.json and latest checkpoint, the task test set of its data dir
+(`task_test.npz`, nsl/data/tasks/task_data.py), decodes every prompt greedily with a KV cache
+(`nsl.speculative.cached_forward`: families with the standard trunk — standard, nextlat, mtp;
+batched, all prompts of a task have the same length) for the task's answer length, and scores
+with the task's checker (path-star: the ℓ path tokens exactly; countdown: any correct solution).
+Prints one JSON line and writes it to WORKDIR/planning.json. For path-star it also reports the
+accuracy of the first decision after the start node (`first_step_acc`): the token a
+next-token-trained model gets only by chance 1/d ("Clever Hans", Bachmann & Nagarajan 2024).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from nsl.errors import NslError, cli_main
+
+
+def load_run(workdir: str):
+  """(config, family, params) of a trained run (latest checkpoint, on the default device)."""
+  import flax.linen as nn
+  import jax
+  import ml_collections
+
+  from nsl import checkpoint
+  from nsl.models import registry
+  from nsl.train import state as train_state
+
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    raise NslError(f"--workdir={workdir}: no config.json (not a run directory)")
+  with open(path, encoding="utf-8") as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  family = registry.get_family(config)
+  optimizer = train_state.make_optimizer(config)
+  abstract = nn.unbox(jax.eval_shape(lambda r: train_state.create(family.init(r), optimizer), jax.random.PRNGKey(0)))
+  params, _ = checkpoint.restore_params(workdir, abstract)
+  return config, family, params
+
+
+def greedy_batch(family, params, prompts_BN: np.ndarray, new_tokens: int) -> np.ndarray:
+  """Greedy continuation [B, new_tokens] of same-length prompts with a KV cache."""
+  import jax
+  import jax.numpy as jnp
+
+  from nsl import speculative
+
+  dims = family.dims
+  head = lambda p, h: family.model.apply({"params": p}, h, method="logits")
+
+  @jax.jit
+  def run(p, prompts):
+    b, n = prompts.shape
+    cache = speculative.init_cache(dims, b, n + new_tokens)
+    h, cache = speculative.cached_forward(dims, p, cache, prompts, jnp.int32(0))
+    tok = jnp.argmax(head(p, h[:, -1:])[:, 0], axis=-1).astype(jnp.int32)
+
+    def body(carry, i):
+      cache, tok = carry
+      h, cache = speculative.cached_forward(dims, p, cache, tok[:, None], n + i)
+      nxt = jnp.argmax(head(p, h)[:, 0], axis=-1).astype(jnp.int32)
+      return (cache, nxt), tok
+
+    (_, last), toks = jax.lax.scan(body, (cache, tok), jnp.arange(new_tokens - 1, dtype=jnp.int32))
+    return jnp.concatenate([toks.T, last[:, None]], axis=1)
+
+  return np.asarray(run(params, jnp.asarray(prompts_BN, jnp.int32)))
+
+
+def evaluate(workdir: str, limit: int | None = None, batch_size: int = 250, data_dir: str | None = None) -> dict:
+  from nsl.data.tasks import task_data
+
+  config, family, params = load_run(workdir)
+  data_dir = data_dir or str(config.data.path)
+  task = task_data.task_of(data_dir)
+  prompts, answers = task_data.load_test(data_dir)
+  if limit:
+    prompts, answers = prompts[:limit], answers[:limit]
+  t0 = time.time()
+  outs = [greedy_batch(family, params, prompts[i:i + batch_size], task.answer_len())
+          for i in range(0, len(prompts), batch_size)]
+  outputs = np.concatenate(outs)
+  correct = np.array([task.is_correct(p, o, a) for p, o, a in zip(prompts, outputs, answers)])
+  result = {"workdir": workdir, "task": task.name, **task.params(), "family": config.family,
+            "variant": config.model.variant, "test_problems": int(len(prompts)),
+            "accuracy": float(correct.mean()), "seconds": round(time.time() - t0, 2)}
+  if task.name == "path_star":
+    result["first_step_acc"] = float(np.mean(outputs[:, 1] == answers[:, 1]))
+    result["chance_first_step"] = 1.0 / task.d
+  with open(os.path.join(workdir, "planning.json"), "w", encoding="utf-8") as f:
+    json.dump(result, f, indent=1)
+  return result
+
+
+@cli_main
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(prog="python -m nsl.evals.planning", description=__doc__.split("\n")[0])
+  p.add_argument("--workdir", required=True)
+  p.add_argument("--limit", type=int, default=None, help="first N test problems only")
+  p.add_argument("--batch_size", type=int, default=250)
+  p.add_argument("--data", default=None, help="task data dir (default: the run's data.path)")
+  a = p.parse_args(argv)
+  print(json.dumps(evaluate(a.workdir, a.limit, a.batch_size, a.data)))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
