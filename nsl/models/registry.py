@@ -9,6 +9,7 @@ from nsl.errors import ConfigError
 
 FAMILIES: dict[str, str] = {
     "standard": "nsl.models.transformer:StandardFamily",
+    "sps": "nsl.models.sps:SPSFamily",
     "lift": "nsl.models.lift:LiftFamily",
     "nextlat": "nsl.models.nextlat:NextLatFamily",
     "mtp": "nsl.models.nextlat:MTPFamily",

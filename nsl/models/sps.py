@@ -1,0 +1,273 @@
+"""The SPS family: state-prediction separation and its baselines (REFERENCES §1).
+
+A sequence of T tokens becomes 2T slots: the token x_i and a learned `<predict>` vector ρ_i
+(one d-vector parameter, `predict_embedding`, counted as an embedding parameter). Both slots of
+pair i carry `tok = i` (also their RoPE position), `pos = 2i + j` (the interleaved slot index,
+j = 0 for x and 1 for ρ; causality reads it), `segment` = the document id of token i, and a
+`kind` fixed by the variant:
+
+  variant         x slot       ρ slot       logits read from
+  sps             persistent   temporary    ρ  (ρ_i predicts x_{i+1})
+  twox_memory     persistent   persistent   ρ  (SPS with w ≥ T: every ρ stays)
+  delayed_state   temporary    persistent   ρ
+  reverse_sps     temporary    persistent   x  (x_i predicts x_{i+1})
+  standard        the plain causal transformer over T tokens (`transformer.LM`), logits everywhere
+
+The rule is `masks.Rule(causal=True, same_segment=True, window=w)`: persistent keys are always
+visible, temporary keys iff `tok(q) - tok(k) <= w` (`config.model.window`). Because the rule
+reads metadata, the physical order of slots is free (`config.model.layout`):
+`interleaved` = [x1, ρ1, x2, ρ2, …]; `stream_major` = [x1..xT | ρ1..ρT], whose temporary half
+of the key space is a band that the chunked/kernel paths skip tile by tile.
+
+Window conventions (checked by `SPSFamily.validate`): sps, delayed_state and reverse_sps need
+an integer w ≥ 0; twox_memory takes `window=None` (or any w ≥ seq_len, which is the same mask);
+for `standard` the window has no effect — it has no temporary keys — so a window grid can cross
+it with every w (use family "standard" for a sliding-window baseline).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+
+from nsl import attention, masks
+from nsl.errors import ConfigError
+from nsl.models import layers, transformer
+from nsl.models.family import Family, train_flops_per_token
+
+VARIANTS = ("sps", "twox_memory", "delayed_state", "reverse_sps", "standard")
+SLOT_VARIANTS = VARIANTS[:4]
+LAYOUTS = ("interleaved", "stream_major")
+DEFAULT_LAYOUT = "stream_major"  # faster under the chunked path (see the report in configs/sps_tiny.py)
+
+P, T_ = masks.PERSISTENT, masks.TEMPORARY
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantSpec:
+  """Kinds of the (x, ρ) slots of a pair and which of them is read out (0 = x, 1 = ρ)."""
+
+  kinds: tuple[int, int]
+  readout: int
+
+  @property
+  def has_temporary(self) -> bool:
+    return T_ in self.kinds
+
+
+SPECS: dict[str, VariantSpec] = {
+    "sps": VariantSpec((P, T_), 1),
+    "twox_memory": VariantSpec((P, P), 1),
+    "delayed_state": VariantSpec((T_, P), 1),
+    "reverse_sps": VariantSpec((T_, P), 0),
+}
+
+
+def _check_variant(variant: str) -> None:
+  if variant not in VARIANTS:
+    raise ValueError(f"unknown SPS variant {variant!r}; choose one of {VARIANTS}")
+
+
+def slot_layout(variant: str, num_tokens: int, layout: str = "interleaved") -> masks.Layout:
+  """Static per-slot metadata (pos, tok, kind) of 2T slots in the physical `layout` order
+  (T slots, all persistent, for `standard`)."""
+  _check_variant(variant)
+  if variant == "standard":
+    return masks.Layout.causal(num_tokens)
+  if layout not in LAYOUTS:
+    raise ValueError(f"unknown layout {layout!r}; choose one of {LAYOUTS}")
+  spec = SPECS[variant]
+  pos = np.arange(2 * num_tokens, dtype=np.int32)  # interleaved slot index 2i + j
+  if layout == "stream_major":
+    pos = np.concatenate([pos[0::2], pos[1::2]])
+  kind = np.asarray(spec.kinds, np.int32)[pos % 2]
+  return masks.Layout(pos=pos, tok=pos // 2, kind=kind)
+
+
+def slot_rule(variant: str, window: int | None, persistent_window: int | None = None) -> masks.Rule:
+  """The attention rule of a variant: causal over slots, same document, windowed temporary keys.
+
+  `standard` has no temporary keys, so `window` does not affect it (its rule carries none).
+  """
+  _check_variant(variant)
+  if variant == "standard":
+    return masks.Rule(causal=True, same_segment=True, persistent_window=persistent_window)
+  return masks.Rule(causal=True, same_segment=True, window=window, persistent_window=persistent_window)
+
+
+def _check_window(variant: str, num_tokens: int, window: int | None) -> None:
+  if variant == "twox_memory" and window is not None and window < num_tokens:
+    raise ValueError(f"twox_memory is SPS with w >= T (every ρ persistent): window must be None or "
+                     f">= num_tokens={num_tokens}, got {window}")
+
+
+def slot_mask(variant: str, num_tokens: int, window: int | None, doc_ids=None,
+              persistent_window: int | None = None) -> np.ndarray:
+  """Boolean visibility [2T, 2T] in interleaved slot order (x1, ρ1, x2, ρ2, …): rows = query
+  slots, columns = key slots. `doc_ids` [T] gives each token's (pair's) document (default one
+  document); `window` None = unbounded. `standard` returns its [T, T] token mask."""
+  _check_variant(variant)
+  _check_window(variant, num_tokens, window)
+  lay = slot_layout(variant, num_tokens, "interleaved")
+  docs = np.ones(num_tokens, np.int32) if doc_ids is None else np.asarray(doc_ids, np.int32)
+  if docs.shape != (num_tokens,):
+    raise ValueError(f"doc_ids must have shape ({num_tokens},), got {docs.shape}")
+  segment = docs if variant == "standard" else np.repeat(docs, 2)
+  rule = slot_rule(variant, window, persistent_window)
+  mask = masks.dense_mask(rule, lay, lay, {"segment": segment}, {"segment": segment})
+  return np.broadcast_to(mask, (lay.num_slots, lay.num_slots)).copy()
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+class SPSLM(nn.Module):
+  """tokens [B, T], segment [B, T] -> read-out logits [B, T, V] (row i predicts token i + 1).
+
+  Submodule names match `transformer.LM` (`embed`, `trunk`) so both share one parameter tree
+  apart from `predict_embedding`.
+  """
+
+  dims: layers.Dims
+  rule: masks.Rule
+  variant: str
+  layout: str = DEFAULT_LAYOUT
+
+  def setup(self):
+    self.embedder = layers.Embedder(self.dims, name="embed")
+    self.trunk = layers.Stack(self.dims, self.rule, name="trunk")
+    init = nn.with_logical_partitioning(nn.initializers.normal(stddev=self.dims.init_std), ("embed",))
+    self.predict_embedding = self.param("predict_embedding", init, (self.dims.d_model,))
+
+  @property
+  def spec(self) -> VariantSpec:
+    return SPECS[self.variant]
+
+  def to_slots(self, x_BTD, rho_BTD):
+    """Two per-token streams -> [B, 2T, ...] in the physical layout."""
+    if self.layout == "stream_major":
+      return jnp.concatenate([x_BTD, rho_BTD], axis=1)
+    b, t = x_BTD.shape[:2]
+    return jnp.stack([x_BTD, rho_BTD], axis=2).reshape((b, 2 * t) + x_BTD.shape[2:])
+
+  def from_slots(self, h_BSD, stream: int):
+    """[B, 2T, ...] -> the `stream` (0 = x, 1 = ρ) slots [B, T, ...] in token order."""
+    t = h_BSD.shape[1] // 2
+    if self.layout == "stream_major":
+      return h_BSD[:, stream * t:(stream + 1) * t]
+    return h_BSD[:, stream::2]
+
+  def hidden(self, tokens_BT, segment_BT):
+    """Final-norm hidden states of all 2T slots, physical order."""
+    t = tokens_BT.shape[1]
+    x = self.embedder.encode(tokens_BT)
+    rho = jnp.broadcast_to(self.predict_embedding.astype(x.dtype), x.shape)
+    h = nn.with_logical_constraint(self.to_slots(x, rho), ("batch", "length", "act_embed"))
+    slots = attention.Slots(slot_layout(self.variant, t, self.layout), segment=self.to_slots(segment_BT, segment_BT))
+    return self.trunk(h, slots)
+
+  def logits(self, h_BSD):
+    return self.embedder.decode(self.from_slots(h_BSD, self.spec.readout))
+
+  def __call__(self, tokens_BT, segment_BT):
+    return self.logits(self.hidden(tokens_BT, segment_BT))
+
+
+# ----------------------------------------------------------------------------- the family
+
+
+class SPSFamily(Family):
+  """`config.family = "sps"`, `config.model.variant` in VARIANTS, `config.model.layout` in
+  LAYOUTS (default stream_major when absent), `config.model.window` = w."""
+
+  name = "sps"
+  variants = VARIANTS
+  embedding_params = ("embedding", "predict_embedding")
+
+  @property
+  def variant(self) -> str:
+    return self.config.model.variant
+
+  @property
+  def layout_name(self) -> str:
+    return layout_of(self.config)
+
+  @property
+  def window(self) -> int | None:
+    return None if self.variant in ("twox_memory", "standard") else self.config.model.window
+
+  @property
+  def rule(self) -> masks.Rule:
+    return slot_rule(self.variant, self.window)
+
+  @classmethod
+  def validate(cls, config) -> None:
+    super().validate(config)
+    m = config.model
+    layout = layout_of(config)
+    if layout not in LAYOUTS:
+      raise ConfigError(f"config.model.layout={layout!r} must be one of {LAYOUTS}")
+    if m.variant in ("sps", "delayed_state", "reverse_sps") and m.window is None:
+      raise ConfigError(f"config.model.window is None but variant {m.variant!r} needs the temporary-key "
+                        "window w (an int >= 0, the paper uses 64); an unbounded window is variant "
+                        "'twox_memory'")
+    if m.variant == "twox_memory" and m.window is not None and m.window < config.data.seq_len:
+      raise ConfigError(f"config.model.window={m.window} but variant 'twox_memory' is SPS with w >= T "
+                        f"(every ρ stays persistent): set config.model.window=None, or use variant 'sps'")
+
+  def make_model(self) -> nn.Module:
+    if self.variant == "standard":
+      return transformer.LM(self.dims, self.rule)
+    return SPSLM(self.dims, self.rule, self.variant, self.layout_name)
+
+  def with_rule(self, rule: masks.Rule) -> nn.Module:
+    """The same model (same parameter tree) under another rule, e.g. a persistent-key window."""
+    return self.model.clone(rule=rule)
+
+  def init(self, rng) -> Any:
+    """Parameters (boxed). Neither their shapes nor their values depend on the sequence length or
+    the attention implementation, so the model is initialised on a short dummy row with the dense
+    attention: the same parameters at a fraction of the tracing time (48 layers x 8192 slots)."""
+    short = {k: v[:, :min(v.shape[1], 9)] for k, v in self.dummy_batch().items()}
+    model = self.model.clone(dims=dataclasses.replace(self.dims, attention_impl="xla", remat="none"))
+    return model.init(rng, *self.model_inputs(short))["params"]
+
+  def abstract_params(self):
+    if not hasattr(self, "_abstract_params"):
+      self._abstract_params = super().abstract_params()
+    return self._abstract_params
+
+  def model_inputs(self, batch: dict[str, Any]) -> tuple:
+    inputs, _, seg_in, _ = layers.next_token_targets(batch)
+    return inputs, seg_in
+
+  def token_logits(self, params, batch, model: nn.Module | None = None):
+    """Read-out logits [B, T, V] aligned with `layers.next_token_targets(batch)`."""
+    return (model or self.model).apply({"params": params}, *self.model_inputs(batch))
+
+  def loss(self, params, batch, rng, step):
+    _, targets, _, weights = layers.next_token_targets(batch)
+    loss, weight = layers.masked_cross_entropy(self.token_logits(params, batch), targets, weights)
+    return loss, {"weight": weight}
+
+  def flops_per_token(self) -> float:
+    """Every slot pays the trunk matmuls, only read-out slots pay the head (tied embedding);
+    attention counts the visible pairs of the static layout (one document)."""
+    t = self.seq_len
+    lay = slot_layout(self.variant, t, self.layout_name)
+    pairs = masks.visible_pairs(self.rule, lay, lay)
+    counts = self.param_counts()
+    head = self.dims.vocab_size * self.dims.d_model
+    slots_per_token = lay.num_slots // t
+    body = counts["params_total"] - counts["params_embedding"]
+    return train_flops_per_token(slots_per_token * body + head, pairs / t, self.dims.n_layers, self.dims.d_model)
+
+
+def layout_of(config) -> str:
+  """`config.model.layout`, defaulting to DEFAULT_LAYOUT when the field is absent or None."""
+  value = config.model.get("layout", None)
+  return DEFAULT_LAYOUT if value is None else value

@@ -1,0 +1,262 @@
+"""SPS family: the mask against REFERENCES §1 read pair by pair, layouts, read-out, FLOPs, configs."""
+
+import glob
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from nsl import config as nsl_config
+from nsl.errors import ConfigError
+from nsl.models import registry, sps
+from nsl.models.transformer import StandardFamily
+from nsl.train import loop
+from tests.helpers import ROOT, tiny_config
+
+# REFERENCES §1, variant table: (x slot, ρ slot); "P" = persistent, "W" = windowed (temporary).
+# 2x memory is "sps with w >= T (every ρ stays persistent)".
+TABLE = {"sps": ("P", "W"), "twox_memory": ("P", "P"), "delayed_state": ("W", "P"), "reverse_sps": ("W", "P")}
+
+
+def rule_mask(variant, num_tokens, window, docs, omega=None):
+  """The three rules of REFERENCES §1 applied to every (query, key) slot pair, literally:
+  slots x1, ρ1, x2, ρ2, …; tok = slot // 2; 1. q >= k; 2. same document (a pair shares its
+  document); 3. a persistent key is visible (within ω when the probe window is set), a
+  temporary key iff tok(q) - tok(k) <= w. The key's kind decides, not the query's."""
+  n = 2 * num_tokens
+  out = np.zeros((n, n), bool)
+  for q in range(n):
+    for k in range(n):
+      tq, tk = q // 2, k // 2
+      if q < k or docs[tq] != docs[tk]:
+        continue
+      kind = TABLE[variant][k % 2]
+      if kind == "W" and window is not None and tq - tk > window:
+        continue
+      if kind == "P" and omega is not None and tq - tk > omega:
+        continue
+      out[q, k] = True
+  return out
+
+
+DOCS = {"one": [1] * 9, "three": [1, 1, 1, 2, 2, 3, 3, 3, 3]}
+
+
+@pytest.mark.parametrize("variant", ["sps", "delayed_state", "reverse_sps"])
+@pytest.mark.parametrize("window", [0, 1, 3, 9, 20])
+@pytest.mark.parametrize("docs", ["one", "three"])
+@pytest.mark.parametrize("omega", [None, 2])
+def test_slot_mask_is_the_rule(variant, window, docs, omega):
+  got = sps.slot_mask(variant, 9, window, doc_ids=DOCS[docs] if docs != "one" else None, persistent_window=omega)
+  assert got.shape == (18, 18) and got.dtype == bool
+  np.testing.assert_array_equal(got, rule_mask(variant, 9, window, DOCS[docs], omega))
+
+
+@pytest.mark.parametrize("docs", ["one", "three"])
+@pytest.mark.parametrize("omega", [None, 0, 3])
+def test_twox_memory_is_sps_with_window_at_least_T(docs, omega):
+  got = sps.slot_mask("twox_memory", 9, None, doc_ids=DOCS[docs], persistent_window=omega)
+  np.testing.assert_array_equal(got, rule_mask("twox_memory", 9, None, DOCS[docs], omega))
+  np.testing.assert_array_equal(sps.slot_mask("twox_memory", 9, 9, doc_ids=DOCS[docs], persistent_window=omega), got)
+  if omega is None:  # without the probe window, "every ρ persistent" and "w >= T" are the same mask
+    for w in (9, 12):
+      np.testing.assert_array_equal(sps.slot_mask("sps", 9, w, doc_ids=DOCS[docs]), got)
+  with pytest.raises(ValueError, match="twox_memory"):
+    sps.slot_mask("twox_memory", 9, 3)
+
+
+def test_slot_mask_spot_checks_from_the_text():
+  x, r = (lambda i: 2 * i), (lambda i: 2 * i + 1)  # slot index of x_i and ρ_i
+  m = sps.slot_mask("sps", 8, 0)
+  for i in range(8):  # w = 0: each ρ sees only itself among ρ keys, and every earlier x
+    assert [k for k in range(1, 16, 2) if m[r(i), k]] == [r(i)]
+    assert all(m[r(i), x(j)] for j in range(i + 1)) and not any(m[r(i), x(j)] for j in range(i + 1, 8))
+  m = sps.slot_mask("sps", 8, 2)
+  assert m[x(5), r(4)] and m[x(5), r(3)] and not m[x(5), r(2)]  # input queries see ρ keys within w
+  assert not m[x(5), r(5)]  # causal over slots: ρ_5 comes after x_5
+  assert m[r(5), r(3)] and not m[r(5), r(2)]
+  d = sps.slot_mask("delayed_state", 8, 1)
+  assert d[r(6), r(0)] and not d[r(6), x(4)] and d[r(6), x(5)]  # ρ persistent, x windowed
+  two_docs = sps.slot_mask("sps", 8, 7, doc_ids=[1, 1, 1, 2, 2, 2, 2, 2])
+  assert not two_docs[r(3), x(2)] and two_docs[r(3), x(3)] and two_docs[x(3), x(3)]
+  std = sps.slot_mask("standard", 5, None, doc_ids=[1, 1, 2, 2, 2])
+  np.testing.assert_array_equal(std, np.tril(np.ones((5, 5), bool)) & np.equal.outer([1, 1, 2, 2, 2], [1, 1, 2, 2, 2]))
+
+
+def test_layouts_carry_the_same_metadata():
+  for variant in sps.SLOT_VARIANTS:
+    a, b = sps.slot_layout(variant, 6, "interleaved"), sps.slot_layout(variant, 6, "stream_major")
+    order = np.argsort(b.pos)
+    for field in ("pos", "tok", "kind"):
+      np.testing.assert_array_equal(getattr(a, field), getattr(b, field)[order])
+    np.testing.assert_array_equal(a.pos, np.arange(12))
+    np.testing.assert_array_equal(b.pos[:6], np.arange(0, 12, 2))  # [x1..xT | ρ1..ρT]
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def _config(variant, window=3, layout="stream_major", impl="xla", seq_len=16, **kw):
+  c = tiny_config("/nonexistent", **{"family": "sps", "model.variant": variant, "model.window": window,
+                                     "model.attention_impl": impl, "model.attention_chunk": 8,
+                                     "data.seq_len": seq_len, **kw})
+  c.model.layout = layout
+  return c
+
+
+def _batch(seq_len=16, rows=2, seed=0):
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(1, 257, size=(rows, seq_len + 1)).astype(np.int32)
+  segment = np.ones_like(tokens)
+  segment[:, 7:] = 2
+  segment[-1, 11:] = 3
+  segment[-1, 15:] = 0  # padding
+  return {"tokens": jnp.asarray(tokens), "segment": jnp.asarray(segment)}
+
+
+def _loss_and_grads(config, params, batch):
+  family = registry.get_family(config)
+  return jax.jit(jax.value_and_grad(lambda p: family.loss(p, batch, None, 0)[0]))(params)
+
+
+def _init(config, seed=0, std=0.02):
+  """Parameters of the config's shapes drawn on the host (compiling the initialiser costs more
+  CPU than the test): matrices N(0, std²), norm gains 1, the <predict> vector N(0, 1)."""
+  rng = np.random.default_rng(seed)
+  shapes = nn.unbox(jax.eval_shape(registry.get_family(config).init, jax.random.PRNGKey(0)))
+
+  def draw(path, s):
+    name = path[-1].key
+    if name == "scale":
+      return jnp.ones(s.shape, s.dtype)
+    return jnp.asarray(rng.normal(0, 1.0 if name == "predict_embedding" else std, s.shape), s.dtype)
+
+  return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+@pytest.mark.parametrize("variant,window,impl", [("sps", 3, "chunked"), ("twox_memory", None, "xla"),
+                                                 ("delayed_state", 0, "xla"), ("reverse_sps", 5, "xla")])
+def test_layouts_give_the_same_loss_and_gradients(variant, window, impl):
+  """Interleaved (dense reference) against stream-major (`impl`), one layer, two documents and
+  padding. For sps stream-major runs the chunked path with tiles of 8 slots, which skips the
+  tiles the rule leaves empty."""
+  batch = _batch()
+  cfg = lambda layout, impl: _config(variant, window, layout, impl, **{"model.n_layers": 1})
+  params = _init(cfg("interleaved", "xla"))
+  la, ga = _loss_and_grads(cfg("interleaved", "xla"), params, batch)
+  lb, gb = _loss_and_grads(cfg("stream_major", impl), params, batch)
+  assert np.isfinite(float(la)) and float(la) == pytest.approx(float(lb), rel=1e-6, abs=1e-6)
+  for a, b in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+    np.testing.assert_allclose(a, b, atol=2e-6, rtol=1e-4)
+  assert float(jnp.abs(ga["predict_embedding"]).sum()) > 0  # ρ is trained
+  if impl == "chunked":
+    from nsl import masks
+    lay = sps.slot_layout(variant, 16, "stream_major")
+    assert (masks.block_map(sps.slot_rule(variant, window), lay, lay, 8, 8) == masks.EMPTY).sum() > 0
+
+
+@pytest.mark.parametrize("variant", sps.SLOT_VARIANTS)
+def test_read_out_is_causal_and_stays_in_its_document(variant):
+  config = _config(variant, 2)
+  family = registry.get_family(config)
+  params = _init(config, std=0.08)  # sharper than at initialisation
+  logits_fn = jax.jit(lambda b: family.token_logits(params, b))
+  batch = _batch(16, rows=1)
+  segment = np.ones((1, 17), np.int32)
+  segment[:, 10:] = 2
+  batch["segment"] = jnp.asarray(segment)
+  base = np.asarray(logits_fn(batch))
+  changed = dict(batch, tokens=batch["tokens"].at[0, 6].set((batch["tokens"][0, 6] + 1) % 257))
+  after = np.asarray(logits_fn(changed))
+  np.testing.assert_allclose(after[0, :6], base[0, :6], atol=1e-6)  # earlier tokens' predictions
+  np.testing.assert_allclose(after[0, 10:], base[0, 10:], atol=1e-6)  # the next document
+  assert np.abs(after[0, 6] - base[0, 6]).max() > 1e-4  # the read-out of pair 6 sees x_6
+  assert np.abs(after[0, 7:10] - base[0, 7:10]).max() > 1e-4
+
+
+def test_standard_variant_is_the_plain_trunk():
+  std = StandardFamily(_config("standard", None, **{"family": "standard"}))
+  fam = registry.get_family(_config("standard", 64))  # the window does not apply: no temporary keys
+  params = _init(_config("standard", None, **{"family": "standard"}))
+  batch = _batch()
+  assert jax.tree.structure(params) == jax.tree.structure(nn.unbox(jax.eval_shape(fam.init, jax.random.PRNGKey(0))))
+  loss = lambda f: float(jax.jit(lambda p: f.loss(p, batch, None, 0)[0])(params))
+  assert loss(fam) == pytest.approx(loss(std), rel=1e-6)
+  assert fam.flops_per_token() == pytest.approx(std.flops_per_token(), rel=1e-12)
+
+
+@pytest.mark.parametrize("variant,window", [("sps", 0), ("sps", 5), ("twox_memory", None), ("delayed_state", 3),
+                                            ("reverse_sps", 7)])
+def test_flops_count_two_slots_one_head_and_visible_pairs(variant, window):
+  fam = registry.get_family(_config(variant, window, seq_len=24))  # family only: nothing compiled
+  counts = fam.param_counts()
+  d, v, layers = 32, 257, 2
+  assert counts["params_embedding"] == v * d + d  # token embedding + the <predict> vector
+  body = counts["params_non_embedding"]
+  pairs = rule_mask(variant, 24, window, [1] * 24).sum()
+  want = 6 * (2 * body + v * d) + 12 * layers * d * pairs / 24
+  assert fam.flops_per_token() == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ({"model.variant": "sps", "model.window": None}, "model.window is None"),
+    ({"model.variant": "reverse_sps", "model.window": None}, "model.window is None"),
+    ({"model.variant": "twox_memory", "model.window": 8}, "twox_memory"),
+    ({"model.variant": "bogus"}, "variant"),
+])
+def test_validate_names_the_field(overrides, match):
+  c = _config("sps", **overrides)
+  with pytest.raises(ConfigError, match=match):
+    nsl_config.validate(c)
+
+
+def test_bad_layout_and_default_layout():
+  c = _config("sps", layout="diagonal")
+  with pytest.raises(ConfigError, match="model.layout"):
+    nsl_config.validate(c)
+  c = tiny_config("/nonexistent", **{"family": "sps", "model.variant": "sps", "model.window": 4})
+  assert "layout" not in c.model
+  nsl_config.validate(c)
+  assert registry.get_family(c).layout_name == sps.DEFAULT_LAYOUT
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+SPS_CONFIGS = sorted(os.path.relpath(p, ROOT) for pattern in ("sps", "twox_memory", "delayed_state", "reverse_sps")
+                     for p in glob.glob(os.path.join(ROOT, "configs", f"{pattern}_*.py")))
+
+
+@pytest.mark.parametrize("path", SPS_CONFIGS + ["configs/standard_tiny.py"])
+def test_describe_every_config(path):
+  config = nsl_config.load_config(os.path.join(ROOT, path))
+  nsl_config.validate(config)
+  d = loop.describe(config)
+  assert d["params_total"] == d["params_embedding"] + d["params_non_embedding"] > 0
+  size = os.path.basename(path)[:-3].rsplit("_", 1)[1]
+  if size in nsl_config.LADDER_PARAMS:
+    want = nsl_config.LADDER_PARAMS[size]
+    assert abs(d["params_total"] - want) / want < 0.01
+    assert d["tokens_per_step"] == 4096 * 96 and config.model.vocab_size == 50304
+    assert config.model.window == (None if config.model.variant == "twox_memory" else 64)
+  if config.family == "sps":  # 2T slots: at least twice the body FLOPs of the standard model
+    assert d["flops_per_token"] > 6 * (2 * d["params_non_embedding"] + d["params_embedding"] - config.model.d_model)
+
+
+def test_window_grid_has_the_simple_shape():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("sps_window", os.path.join(ROOT, "configs/grids/sps_window.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  grid = mod.get_grid()
+  assert set(grid) == {"base", "axes"} and os.path.exists(os.path.join(ROOT, grid["base"]))
+  assert grid["axes"]["model.window"] == [0, 16, 64, 256]
+  assert set(grid["axes"]["model.variant"]) == {"sps", "delayed_state", "reverse_sps", "standard"}
+  base = nsl_config.load_config(os.path.join(ROOT, grid["base"]))
+  for variant in grid["axes"]["model.variant"]:
+    for w in grid["axes"]["model.window"]:
+      base.model.variant, base.model.window = variant, w
+      nsl_config.validate(base)
