@@ -1,0 +1,13 @@
+"""reverse SPS (ρ persistent, x temporary within w = 64, logits from x), size XS of the ladder, with the paper's recipe
+(REFERENCES §1: sequence 4096 tokens = 8192 slots, batch 96, 20B tokens)."""
+
+from configs import base
+
+
+def get_config():
+  c = base.paper_recipe(base.get_config(), "xs")
+  c.family = "sps"
+  c.model.variant = "reverse_sps"
+  c.model.window = 64
+  c.model.layout = "stream_major"  # same losses as "interleaved"; the chunked/kernel paths skip more tiles
+  return c
