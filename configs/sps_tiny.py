@@ -1,9 +1,9 @@
 """Tiny SPS on the embedded SOTU corpus: the CPU-sized variant of configs/sps_{xs..xl}.py.
 
-A narrower configs/tiny.py (d 128, 4 layers, 128 tokens = 256 slots) with a window of 16 tokens,
-240 steps of 16 sequences: about 1.2 s a step (SPS, 2 busy CPU cores), ~5 minutes a run. `variant_config` builds the other
-variants' tiny configs (twox_memory_tiny, delayed_state_tiny, reverse_sps_tiny, standard_tiny)
-so all five differ only in the variant.
+A narrower configs/tiny.py (d 128, 4 layers, 128 tokens = 256 slots) with a window of 16
+tokens, 240 steps of 16 sequences: about 1.2 s a step for SPS on 2 busy CPU cores, ~5 minutes a
+run. `variant_config` builds the other variants' tiny configs (twox_memory_tiny,
+delayed_state_tiny, reverse_sps_tiny, standard_tiny) so all five differ only in the variant.
 """
 
 from configs import base

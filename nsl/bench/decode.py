@@ -1,0 +1,187 @@
+"""`python -m nsl.bench.decode --config=configs/X.py`: KV-cache generation per SPS variant, side by side.
+
+For each variant (default: standard, sps, twox_memory, delayed_state, reverse_sps) the config's
+model is built in family "sps" with that variant (randomly initialised from the config seed:
+speed and memory do not depend on the weights), a batch of `--batch` random prompts of
+`--prompt_len` tokens is prefilled and `--new_tokens` tokens are generated greedily with
+`nsl.decode`. One JSON line per variant:
+
+- `prefill_tokens_per_sec`, `decode_tokens_per_sec`: prompt (resp. generated) tokens of the whole
+  batch over the best wall time of `--repeats` runs after one compile/warm-up call (`*_median`
+  too); the variants are timed round-robin in one process, so their ratios are side by side;
+- `kv_cache_bytes`: bytes of the cache arrays actually allocated for prompt + new tokens
+  (persistent K/V, temporary ring K/V, slot metadata) and `kv_cache_vs_standard`;
+- `expected_kv_vs_standard`: (T + w)/T for sps / delayed_state / reverse_sps, 2 for
+  twox_memory, with T = prompt_len + new_tokens;
+- `peak_bytes`: the device allocator's peak when the backend reports one (GPU/TPU), and
+  `decode_compiled_bytes`, XLA's own estimate for the compiled decode loop (arguments + outputs
+  + temporaries − aliased), available on every backend.
+
+Model-size and window overrides take the launcher's form: `--config.model.window=64`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from nsl.errors import ConfigError, cli_main
+
+VARIANTS = ("standard", "sps", "twox_memory", "delayed_state", "reverse_sps")
+
+
+def _parse(argv):
+  p = argparse.ArgumentParser(prog="python -m nsl.bench.decode", description=__doc__.split("\n")[0])
+  p.add_argument("--config", required=True)
+  p.add_argument("--variants", default=",".join(VARIANTS))
+  p.add_argument("--prompt_len", type=int, default=448)
+  p.add_argument("--new_tokens", type=int, default=64)
+  p.add_argument("--batch", type=int, default=1)
+  p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--window", type=int, default=None,
+                 help="temporary-key window w for sps/delayed_state/reverse_sps (default: the config's, else 64)")
+  overrides, rest = [], []
+  for arg in argv:
+    if arg.startswith("--config."):
+      key, sep, value = arg[len("--config."):].partition("=")
+      if not sep:
+        raise ConfigError(f"override {arg!r} needs a value: --config.{key}=VALUE")
+      overrides.append((key, value))
+    else:
+      rest.append(arg)
+  args = p.parse_args(rest)
+  args.variants = [v for v in args.variants.split(",") if v]
+  for v in args.variants:
+    if v not in VARIANTS:
+      raise ConfigError(f"--variants: unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
+  if min(args.prompt_len, args.new_tokens, args.batch, args.repeats) < 1:
+    raise ConfigError("--prompt_len, --new_tokens, --batch and --repeats must be >= 1")
+  return args, overrides
+
+
+def variant_config(base, variant: str, window: int | None):
+  c = copy.deepcopy(base)
+  c.family = "sps"
+  c.model.variant = variant
+  if variant in ("standard", "twox_memory"):
+    c.model.window = None
+  else:
+    c.model.window = window if window is not None else (base.model.window if base.model.window is not None else 64)
+  return c
+
+
+def prepare_variant(config, args) -> dict:
+  """Builds, compiles and warms one variant; returns its timing closures and static figures."""
+  import flax.linen as nn
+
+  from nsl import decode
+  from nsl.models import registry
+
+  family = registry.get_family(config)
+  dims, plan = family.dims, decode.plan_for(family)
+  params = jax.jit(lambda r: nn.unbox(family.init(r)))(jax.random.PRNGKey(config.seed))
+  prompt = jnp.asarray(np.random.default_rng(0).integers(1, dims.vocab_size, (args.batch, args.prompt_len)),
+                       jnp.int32)
+  total = args.prompt_len + args.new_tokens
+  rng, start, greedy = jax.random.PRNGKey(0), jnp.int32(args.prompt_len), jnp.float32(0.0)
+
+  t0 = time.perf_counter()
+  logits, cache = jax.block_until_ready(decode.prefill_jit(dims, plan, params, prompt, total))
+  jax.block_until_ready(decode.decode_loop(dims, plan, params, cache, logits, args.new_tokens, greedy, start, rng))
+  first_call = time.perf_counter() - t0
+  kv = decode.cache_bytes(cache)
+  compiled = decode.decode_loop.lower(dims, plan, params, cache, logits, args.new_tokens, greedy, start,
+                                      rng).compile().memory_analysis()
+  rec = {
+      "bench": "decode", "variant": config.model.variant,
+      "window": None if not plan.temporary_slots else plan.ring_size,
+      "layout": plan.layout if plan.group > 1 else None,
+      "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "batch": args.batch,
+      "first_call_s": round(first_call, 3),
+      "kv_cache_bytes": kv["total"], "kv_cache_detail": kv,
+      "kv_cache_slots_per_row_layer": int(cache["k"].shape[2] + cache["rk"].shape[2]),
+      "expected_kv_vs_standard": _expected_ratio(config.model.variant, total, plan.ring_size),
+  }
+  if compiled is not None:
+    rec["decode_compiled_bytes"] = int(compiled.argument_size_in_bytes + compiled.output_size_in_bytes
+                                       + compiled.temp_size_in_bytes - compiled.alias_size_in_bytes)
+  stats = jax.devices()[0].memory_stats()
+  if stats and "peak_bytes_in_use" in stats:
+    rec["peak_bytes"] = int(stats["peak_bytes_in_use"])  # process-wide, monotone over the run
+  return {
+      "rec": rec,
+      "prefill": lambda: decode.prefill_jit(dims, plan, params, prompt, total),
+      "decode": lambda: decode.decode_loop(dims, plan, params, cache, logits, args.new_tokens, greedy, start, rng),
+      "times": {"prefill": [], "decode": []},
+  }
+
+
+def _timed(fn) -> float:
+  t0 = time.perf_counter()
+  jax.block_until_ready(fn())
+  return time.perf_counter() - t0
+
+
+def finish(entry, args) -> dict:
+  rec, times = entry["rec"], entry["times"]
+  for phase, tokens in (("prefill", args.prompt_len), ("decode", args.new_tokens)):
+    best, med = min(times[phase]), statistics.median(times[phase])
+    rec[f"{phase}_tokens_per_sec"] = args.batch * tokens / best
+    rec[f"{phase}_tokens_per_sec_median"] = args.batch * tokens / med
+    rec[f"{phase}_s"] = best
+  return rec
+
+
+def _expected_ratio(variant: str, total: int, window: int) -> float:
+  if variant == "standard":
+    return 1.0
+  if variant == "twox_memory":
+    return 2.0
+  return (total + window) / total
+
+
+@cli_main
+def main(argv=None) -> int:
+  args, overrides = _parse(sys.argv[1:] if argv is None else argv)
+  from nsl import config as nsl_config
+
+  base = nsl_config.load_config(args.config, overrides)
+  setup = {"config": args.config, "platform": jax.default_backend(), "device": jax.devices()[0].device_kind,
+           "jax": jax.__version__, "d_model": base.model.d_model, "n_layers": base.model.n_layers,
+           "n_heads": base.model.n_heads, "vocab_size": base.model.vocab_size,
+           "attention_impl_prefill": base.model.attention_impl, "repeats": args.repeats,
+           "timing": "best (and median) of --repeats round-robin runs after a compile/warm-up call; decode = scan over new tokens"}
+  entries = {}
+  for variant in args.variants:
+    config = variant_config(base, variant, args.window)
+    config.data.seq_len = max(config.data.seq_len, args.prompt_len + args.new_tokens)
+    nsl_config.validate(config)
+    entries[variant] = prepare_variant(config, args)
+  for _ in range(args.repeats):  # round-robin, so load on a shared machine hits every variant alike
+    for entry in entries.values():
+      for phase in ("prefill", "decode"):
+        entry["times"][phase].append(_timed(entry[phase]))
+  standard = None
+  for variant, entry in entries.items():
+    rec = finish(entry, args)
+    if variant == "standard":
+      standard = rec
+    if standard is not None:
+      rec["kv_cache_vs_standard"] = rec["kv_cache_bytes"] / standard["kv_cache_bytes"]
+      rec["decode_speed_vs_standard"] = rec["decode_tokens_per_sec"] / standard["decode_tokens_per_sec"]
+      rec["prefill_speed_vs_standard"] = rec["prefill_tokens_per_sec"] / standard["prefill_tokens_per_sec"]
+    rec["setup"] = setup
+    print(json.dumps(rec), flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
