@@ -179,15 +179,16 @@ class Decoder:
 
 def measure(family, params, prompts, new_tokens: int, draft_len: int | None = None,
             temperature: float = 0.0, seed: int = 0) -> dict[str, dict[str, float]]:
-  """Plain vs self-speculative decoding over `prompts` (a list of 1-D token arrays), one after
-  another, after a warm-up that compiles both. Returns {'plain': {...}, 'speculative': {...},
+  """Plain vs self-speculative decoding over `prompts` (a list of 1-D token arrays of one
+  length; another length recompiles inside the timing), one after another, after a warm-up that
+  compiles both. Returns {'plain': {...}, 'speculative': {...},
   'setup': {...}}: tokens/s for each; for speculative also the mean tokens per draft round
   (accepted drafts + 1, the paper's "accepted tokens per draft"), the mean accepted drafts, and
   the speed-up; `greedy_match` when temperature is 0 (outputs identical to plain decoding)."""
   dec = Decoder(family, params, draft_len=draft_len, temperature=temperature)
   rng = jax.random.PRNGKey(seed)
-  dec.generate(prompts[0], min(new_tokens, 4), rng)  # compile
-  dec.generate_speculative(prompts[0], min(new_tokens, dec.k + 2), rng)
+  dec.generate(prompts[0], new_tokens, rng)  # compile (cache shapes depend on the lengths)
+  dec.generate_speculative(prompts[0], new_tokens, rng)
   t0 = time.perf_counter()
   plain_out = [dec.generate(p, new_tokens, jax.random.fold_in(rng, i)) for i, p in enumerate(prompts)]
   t_plain = time.perf_counter() - t0
