@@ -162,9 +162,11 @@ class Block(nn.Module):
 
   dims: Dims
   rule: masks.Rule
+  layout: masks.Layout  # static slot metadata; the dynamic fields come as arrays (remat-able)
 
   @nn.compact
-  def __call__(self, x_BSD, slots: attention.Slots):
+  def __call__(self, x_BSD, segment=None, block=None):
+    slots = attention.Slots(self.layout, segment=segment, block=block)
     x_BSD = x_BSD + Attention(self.dims, name="attn")(RMSNorm(self.dims.norm_eps, name="attn_norm")(x_BSD),
                                                       self.rule, slots)
     x_BSD = x_BSD + SwiGLU(self.dims, name="mlp")(RMSNorm(self.dims.norm_eps, name="mlp_norm")(x_BSD))
@@ -188,7 +190,7 @@ class Stack(nn.Module):
     if self.dims.remat != "none":
       block_cls = nn.remat(Block, policy=remat_policy(self.dims.remat), static_argnums=())
     for i in range(self.n_layers or self.dims.n_layers):
-      x_BSD = block_cls(self.dims, self.rule, name=f"block_{i}")(x_BSD, slots)
+      x_BSD = block_cls(self.dims, self.rule, slots.layout, name=f"block_{i}")(x_BSD, slots.segment, slots.block)
     return RMSNorm(self.dims.norm_eps, name="final_norm")(x_BSD)
 
 

@@ -139,3 +139,17 @@ def test_resume_refuses_a_changed_batch_size(data_dir, tmp_path, monkeypatch):
   changed = tiny_config(data_dir, **{"train.steps": 4, "train.batch_size": 16})
   with pytest.raises(loop.ConfigError, match="train.batch_size=16 differs from the checkpoint"):
     loop.Trainer(changed, str(tmp_path / "run"), progress=False).run()
+
+
+@pytest.mark.parametrize("remat", ["full", "dots"])
+def test_remat_gives_the_same_gradients(data_dir, remat):
+  import flax.linen as nn
+  batch = {"tokens": jnp.asarray(np.random.default_rng(0).integers(1, 257, size=(2, 65)), jnp.int32),
+           "segment": jnp.ones((2, 65), jnp.int32)}
+  grads = {}
+  for mode in ("none", remat):
+    family = StandardFamily(tiny_config(data_dir, **{"model.remat": mode}))
+    params = nn.unbox(family.init(jax.random.PRNGKey(0)))
+    grads[mode] = jax.grad(lambda p: family.loss(p, batch, None, 0)[0])(params)
+  for a, b in zip(jax.tree.leaves(grads["none"]), jax.tree.leaves(grads[remat])):
+    np.testing.assert_allclose(a, b, atol=1e-6)
