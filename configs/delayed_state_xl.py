@@ -1,5 +1,5 @@
-"""delayed state (ρ persistent, x temporary within w = 64, logits from ρ), size XL of the ladder, with the paper's recipe
-(REFERENCES §1: sequence 4096 tokens = 8192 slots, batch 96, 20B tokens)."""
+"""Delayed state (ρ persistent, x temporary within w = 64, logits from ρ), size XL of the ladder,
+with the paper's recipe (REFERENCES §1: 4096 tokens = 8192 slots, batch 96, 20B tokens)."""
 
 from configs import base
 

@@ -1,5 +1,5 @@
-"""SPS (x persistent, ρ temporary within w = 64, logits from ρ), size M of the ladder, with the paper's recipe
-(REFERENCES §1: sequence 4096 tokens = 8192 slots, batch 96, 20B tokens)."""
+"""SPS (x persistent, ρ temporary within w = 64, logits from ρ), size M of the ladder,
+with the paper's recipe (REFERENCES §1: 4096 tokens = 8192 slots, batch 96, 20B tokens)."""
 
 from configs import base
 

@@ -1,5 +1,5 @@
-"""2x memory (SPS with every ρ persistent: w >= T, logits from ρ), size M of the ladder, with the paper's recipe
-(REFERENCES §1: sequence 4096 tokens = 8192 slots, batch 96, 20B tokens)."""
+"""2x memory (SPS with every ρ persistent, i.e. w >= T; logits from ρ), size M of the ladder,
+with the paper's recipe (REFERENCES §1: 4096 tokens = 8192 slots, batch 96, 20B tokens)."""
 
 from configs import base
 
@@ -9,5 +9,5 @@ def get_config():
   c.family = "sps"
   c.model.variant = "twox_memory"
   c.model.window = None
-  c.model.layout = "stream_major"  # same losses as "interleaved"; the chunked/kernel paths skip more tiles
+  c.model.layout = "interleaved"  # all slots persistent: stream-major would visit slightly more tiles
   return c

@@ -46,6 +46,8 @@ def _parse(argv):
   p.add_argument("--new_tokens", type=int, default=64)
   p.add_argument("--batch", type=int, default=1)
   p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--layout", default=None, choices=("interleaved", "stream_major"),
+                 help="prefill layout of the SPS variants (default: nsl.models.sps.default_layout per variant)")
   p.add_argument("--window", type=int, default=None,
                  help="temporary-key window w for sps/delayed_state/reverse_sps (default: the config's, else 64)")
   overrides, rest = [], []
@@ -67,10 +69,13 @@ def _parse(argv):
   return args, overrides
 
 
-def variant_config(base, variant: str, window: int | None):
+def variant_config(base, variant: str, window: int | None, layout: str | None = None):
+  from nsl.models import sps
+
   c = copy.deepcopy(base)
   c.family = "sps"
   c.model.variant = variant
+  c.model.layout = layout or sps.default_layout(variant)
   if variant in ("standard", "twox_memory"):
     c.model.window = None
   else:
@@ -158,10 +163,11 @@ def main(argv=None) -> int:
            "jax": jax.__version__, "d_model": base.model.d_model, "n_layers": base.model.n_layers,
            "n_heads": base.model.n_heads, "vocab_size": base.model.vocab_size,
            "attention_impl_prefill": base.model.attention_impl, "repeats": args.repeats,
-           "timing": "best (and median) of --repeats round-robin runs after a compile/warm-up call; decode = scan over new tokens"}
+           "timing": "best (and median) of --repeats round-robin runs after a compile/warm-up call; "
+                     "decode = one scan over the new tokens"}
   entries = {}
   for variant in args.variants:
-    config = variant_config(base, variant, args.window)
+    config = variant_config(base, variant, args.window, args.layout)
     config.data.seq_len = max(config.data.seq_len, args.prompt_len + args.new_tokens)
     nsl_config.validate(config)
     entries[variant] = prepare_variant(config, args)

@@ -42,7 +42,11 @@ from nsl.models.family import Family, train_flops_per_token
 VARIANTS = ("sps", "twox_memory", "delayed_state", "reverse_sps", "standard")
 SLOT_VARIANTS = VARIANTS[:4]
 LAYOUTS = ("interleaved", "stream_major")
-DEFAULT_LAYOUT = "stream_major"  # faster under the chunked path (see the report in configs/sps_tiny.py)
+# Default physical layout per variant when `config.model.layout` is absent: stream-major puts the
+# temporary keys in a band whose empty tiles the chunked/kernel paths skip (at 2048 tokens, w=64,
+# tiles of 128: 334 of the interleaved layout's 528 tiles); with no temporary slot (twox_memory)
+# it has nothing to skip and visits slightly more tiles (544), so that variant stays interleaved.
+DEFAULT_LAYOUT = "stream_major"
 
 P, T_ = masks.PERSISTENT, masks.TEMPORARY
 
@@ -182,7 +186,7 @@ class SPSLM(nn.Module):
 
 class SPSFamily(Family):
   """`config.family = "sps"`, `config.model.variant` in VARIANTS, `config.model.layout` in
-  LAYOUTS (default stream_major when absent), `config.model.window` = w."""
+  LAYOUTS (`default_layout(variant)` when absent), `config.model.window` = w."""
 
   name = "sps"
   variants = VARIANTS
@@ -267,7 +271,11 @@ class SPSFamily(Family):
     return train_flops_per_token(slots_per_token * body + head, pairs / t, self.dims.n_layers, self.dims.d_model)
 
 
+def default_layout(variant: str) -> str:
+  return "interleaved" if variant == "twox_memory" else DEFAULT_LAYOUT
+
+
 def layout_of(config) -> str:
-  """`config.model.layout`, defaulting to DEFAULT_LAYOUT when the field is absent or None."""
+  """`config.model.layout`, defaulting to `default_layout(variant)` when absent or None."""
   value = config.model.get("layout", None)
-  return DEFAULT_LAYOUT if value is None else value
+  return default_layout(config.model.variant) if value is None else value

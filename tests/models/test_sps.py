@@ -220,7 +220,9 @@ def test_bad_layout_and_default_layout():
   c = tiny_config("/nonexistent", **{"family": "sps", "model.variant": "sps", "model.window": 4})
   assert "layout" not in c.model
   nsl_config.validate(c)
-  assert registry.get_family(c).layout_name == sps.DEFAULT_LAYOUT
+  assert registry.get_family(c).layout_name == "stream_major"
+  c.model.variant, c.model.window = "twox_memory", None
+  assert registry.get_family(c).layout_name == "interleaved"  # nothing temporary to band
 
 
 # ----------------------------------------------------------------------------- configs
