@@ -185,14 +185,14 @@ def plot(result: dict, path: str) -> str:
   import matplotlib.pyplot as plt
 
   fig, ax = plt.subplots(figsize=(7, 4.5))
-  for name, s in result["streams"].items():
-    ks = [k for k, r in zip(s["k"], s["ratio_mean"]) if r is not None and k > 0]
-    rs = [r for k, r in zip(s["k"], s["ratio_mean"]) if r is not None and k > 0]
-    if ks:
-      ax.plot(ks, rs, "o-", ms=3, label=f"{name} stream")
+  for i, (name, s) in enumerate(result["streams"].items()):
+    for key, style in (("ratio_geomean", "o-"), ("ratio_median", "--")):
+      pts = [(k, r) for k, r in zip(s["k"], s[key]) if r is not None and k > 0 and r > 0]
+      if pts:
+        ax.plot(*zip(*pts), style, ms=3, color=f"C{i}", label=f"{name} stream, {key.split('_')[1]}")
   ax.set_yscale("log")
   ax.set_xlabel("offset k (tokens)")
-  ax.set_ylabel("mean r(p, k) = |∇θ_p ℓ_{p+k}| / |∇θ_p ℓ_p|")
+  ax.set_ylabel("r(p, k) = |∇θ_p ℓ_{p+k}| / |∇θ_p ℓ_p| over p")
   ax.set_title(f"gradient routing: {result['variant'] or result['family']} (w={result['window']}), "
                f"step {result['step']}")
   ax.grid(alpha=0.3, which="both")
@@ -220,9 +220,9 @@ def main(argv=None) -> int:
   result["plot"] = plot(result, os.path.splitext(out)[0] + ".png")
   with open(out, "w") as f:
     json.dump(result, f, indent=1)
-  summary = {name: {k: s["ratio_mean"][k] for k in (1, 4, 16) if k < len(s["ratio_mean"])}
+  summary = {name: {k: s["ratio_geomean"][k] for k in (1, 4, 16) if k < len(s["ratio_geomean"])}
              for name, s in result["streams"].items()}
-  print(json.dumps({"out": out, "plot": result["plot"], "ratio_mean_at_k": summary}))
+  print(json.dumps({"out": out, "plot": result["plot"], "ratio_geomean_at_k": summary}))
   return 0
 
 
