@@ -31,6 +31,7 @@ import dataclasses
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -241,9 +242,9 @@ class SPSFamily(Family):
     return model.init(rng, *self.model_inputs(short))["params"]
 
   def abstract_params(self):
-    if not hasattr(self, "_abstract_params"):
-      self._abstract_params = super().abstract_params()
-    return self._abstract_params
+    """Parameter shapes depend only on the dimensions and on whether ρ exists: shared by all
+    SPS variants of a size (describe over a ladder traces each size once)."""
+    return _abstract_params(self.dims, self.variant == "standard", self)
 
   def model_inputs(self, batch: dict[str, Any]) -> tuple:
     inputs, _, seg_in, _ = layers.next_token_targets(batch)
@@ -269,6 +270,16 @@ class SPSFamily(Family):
     slots_per_token = lay.num_slots // t
     body = counts["params_total"] - counts["params_embedding"]
     return train_flops_per_token(slots_per_token * body + head, pairs / t, self.dims.n_layers, self.dims.d_model)
+
+
+_ABSTRACT: dict = {}  # (Dims, is standard) -> boxed ShapeDtypeStructs; a few entries per process
+
+
+def _abstract_params(dims: layers.Dims, standard: bool, family: "SPSFamily"):
+  key = (dims, standard)
+  if key not in _ABSTRACT:
+    _ABSTRACT[key] = jax.eval_shape(family.init, jax.random.PRNGKey(0))
+  return _ABSTRACT[key]
 
 
 def default_layout(variant: str) -> str:

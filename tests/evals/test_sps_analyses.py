@@ -3,14 +3,12 @@
 import json
 import os
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from nsl.evals import common, gradflow, persistent_window
-from nsl.models import registry
 from nsl.train import loop
 from tests.helpers import make_corpus, tiny_config
 
@@ -71,18 +69,6 @@ def test_gradflow_routes_nothing_through_a_rho_that_no_one_sees(run, tmp_path):
   assert all(r < 1e-6 for r in rho["ratio_mean"][1:]) and rho["count"][1] > 0
   # ... while the persistent x_p is read by every later slot of its document.
   assert all(r > 1e-4 for r in x["ratio_mean"][1:])
-
-
-def test_gradflow_standard_is_causal():
-  config = tiny_config("/nonexistent", **{"model.attention_impl": "xla", "data.seq_len": 8})
-  family = registry.get_family(config)
-  params = nn.unbox(jax.jit(family.init)(jax.random.PRNGKey(0)))
-  tokens = jnp.asarray(np.random.default_rng(0).integers(1, 257, (1, 9)), jnp.int32)
-  batch = {"tokens": tokens, "segment": jnp.ones_like(tokens)}
-  norms, weights = jax.jit(lambda p: gradflow.slot_grad_norms(family, p, batch))(params)
-  norms = np.asarray(norms)[:, 0, :, 0]  # [j, p]
-  assert norms.shape == (8, 8) and np.all(np.triu(norms, 1).T == 0)  # ℓ_j does not reach θ_p, p > j
-  assert np.all(norms[np.tril_indices(8)] > 0)
 
 
 def test_persistent_window_probe(run, tmp_path):
