@@ -18,6 +18,11 @@ speed and memory do not depend on the weights), a batch of `--batch` random prom
   + temporaries − aliased), available on every backend.
 
 Model-size and window overrides take the launcher's form: `--config.model.window=64`.
+
+Other families: a `double_decoder` config is compared with decoder-only at matched size (KV-cache
+bytes and decode tokens/s, `nsl.models.dd_decode.compare`); a `nextlat` config compares plain and
+self-speculative decoding (tokens/s, mean accepted tokens per draft; `--workdir=RUN` for a
+trained model, whose validation rows give the prompts).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ def _parse(argv):
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--layout", default=None, choices=("interleaved", "stream_major"),
                  help="prefill layout of the SPS variants (default: nsl.models.sps.default_layout per variant)")
+  p.add_argument("--workdir", default=None,
+                 help="nextlat: a trained run (acceptance depends on the weights; prompts from its validation data)")
   p.add_argument("--window", type=int, default=None,
                  help="temporary-key window w for sps/delayed_state/reverse_sps (default: the config's, else 64)")
   overrides, rest = [], []
@@ -159,6 +166,8 @@ def main(argv=None) -> int:
   from nsl import config as nsl_config
 
   base = nsl_config.load_config(args.config, overrides)
+  if base.family in OTHER_FAMILIES:
+    return OTHER_FAMILIES[base.family](base, args)
   setup = {"config": args.config, "platform": jax.default_backend(), "device": jax.devices()[0].device_kind,
            "jax": jax.__version__, "d_model": base.model.d_model, "n_layers": base.model.n_layers,
            "n_heads": base.model.n_heads, "vocab_size": base.model.vocab_size,
@@ -187,6 +196,59 @@ def main(argv=None) -> int:
     rec["setup"] = setup
     print(json.dumps(rec), flush=True)
   return 0
+
+
+def _double_decoder(base, args) -> int:
+  """Double decoder vs decoder-only at matched size (the same layers in one causal stack):
+  KV-cache bytes and decode tokens/s side by side (`nsl.models.dd_decode.compare`)."""
+  from nsl import config as nsl_config
+  from nsl.models import dd_decode
+
+  decoder_only = copy.deepcopy(base)
+  decoder_only.family, decoder_only.model.variant = "standard", "standard"
+  for c in (base, decoder_only):
+    c.data.seq_len = max(c.data.seq_len, args.prompt_len + args.new_tokens)
+    nsl_config.validate(c)
+  rows = dd_decode.compare(base, decoder_only, batch=args.batch, prompt_len=args.prompt_len,
+                           new_tokens=args.new_tokens, repeats=args.repeats)
+  for row in rows:
+    row["setup"] = {"config": args.config, "platform": jax.default_backend(), "batch": args.batch,
+                    "prompt_len": args.prompt_len, "new_tokens": args.new_tokens}
+    print(json.dumps(row), flush=True)
+  return 0
+
+
+def _nextlat(base, args) -> int:
+  """Plain vs self-speculative decoding (`nsl.speculative.measure`), one after the other."""
+  import flax.linen as nn
+  import numpy as np
+
+  from nsl import speculative
+  from nsl.models import registry
+
+  if args.workdir:
+    from nsl.data import pipeline
+    from nsl.evals import common
+
+    config, family, params = common.load_run(args.workdir)
+    batch = next(iter(pipeline.make_eval_batches(config.data.path, "val", seq_len=config.data.seq_len,
+                                                 batch_size=args.batch, max_batches=1)))
+    prompts = [np.asarray(row[:args.prompt_len], np.int32) for row in batch["tokens"]]
+    weights = args.workdir
+  else:
+    family = registry.get_family(base)
+    params = nn.unbox(family.init(jax.random.PRNGKey(base.seed)))
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, base.model.vocab_size, args.prompt_len).astype(np.int32) for _ in range(args.batch)]
+    weights = "random (pass --workdir=RUN for a trained model: acceptance depends on the weights)"
+  result = speculative.measure(family, params, prompts, args.new_tokens)
+  for mode in ("plain", "speculative"):
+    print(json.dumps({"mode": mode, **result[mode], "setup": dict(result["setup"], weights=weights,
+                                                                    config=args.config)}), flush=True)
+  return 0
+
+
+OTHER_FAMILIES = {"double_decoder": _double_decoder, "nextlat": _nextlat}
 
 
 if __name__ == "__main__":
