@@ -1,21 +1,20 @@
-"""Window ablation at size S (REFERENCES §1): w ∈ {0, 16, 64, 256} × {sps, delayed_state,
-reverse_sps} plus standard, each at the paper's recipe (20B tokens, 4096-token sequences).
+"""Window ablation at size S (REFERENCES §1): w ∈ {0, 16, 64, 256} × {SPS, delayed state,
+reverse SPS}, plus the standard transformer once, all at the paper's recipe (20B tokens,
+4096-token sequences, batch 96): 13 runs.
 
-Format: `get_grid()` returns `{"base": config file, "axes": {dotted config field: values}}`; the
-cells are the Cartesian product of the axes applied to the base config.
+In family "sps", `model.window` is the temporary-key window; the standard transformer has no
+temporary keys, so it is one cell (`configs/standard_s.py`, the same experiment — and run id — as
+the standard S cell of configs/grids/sps_ladder.py), not four identical ones.
 
-In family "sps", `model.window` is the *temporary-key* window; the standard variant has no
-temporary keys, so its four cells are the same model (the paper's flat standard line). A runner
-that wants to save the three duplicate S-size runs can skip cells whose variant is "standard"
-and window is not the first value.
+  python -m nsl.scaling.grid run --grid=configs/grids/sps_window.py --root=runs/sps_window
 """
+
+WINDOWS = [0, 16, 64, 256]
+VARIANTS = ["sps", "delayed_state", "reverse_sps"]
 
 
 def get_grid():
-  return {
-      "base": "configs/sps_s.py",
-      "axes": {
-          "model.variant": ["sps", "delayed_state", "reverse_sps", "standard"],
-          "model.window": [0, 16, 64, 256],
-      },
-  }
+  return [
+      {"base": "configs/sps_s.py", "axes": {"model.variant": VARIANTS, "model.window": WINDOWS}},
+      {"axes": {"config": ["configs/standard_s.py"]}},
+  ]
