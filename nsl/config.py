@@ -67,6 +67,20 @@ def load_config(path: str, overrides: Iterable[tuple[str, str]] = ()) -> ml_coll
   return config
 
 
+def split_overrides(argv: Iterable[str]) -> tuple[list[tuple[str, str]], list[str]]:
+  """Separates `--config.a.b=VALUE` overrides from the other command-line arguments."""
+  overrides, rest = [], []
+  for arg in argv:
+    if arg.startswith("--config."):
+      key, sep, value = arg[len("--config."):].partition("=")
+      if not sep:
+        raise ConfigError(f"override {arg!r} needs a value: --config.{key}=VALUE")
+      overrides.append((key, value))
+    else:
+      rest.append(arg)
+  return overrides, rest
+
+
 def _all_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
   keys = []
   for k, v in config.items():

@@ -29,15 +29,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str
   parser.add_argument("--num_processes", type=int, default=_env_int("NSL_NUM_PROCESSES"))
   parser.add_argument("--process_id", type=int, default=_env_int("NSL_PROCESS_ID"))
   parser.add_argument("--quiet", action="store_true", help="no progress display")
-  overrides, rest = [], []
-  for arg in argv:
-    if arg.startswith("--config."):
-      key, sep, value = arg[len("--config."):].partition("=")
-      if not sep:
-        raise ConfigError(f"override {arg!r} needs a value: --config.{key}=VALUE")
-      overrides.append((key, value))
-    else:
-      rest.append(arg)
+  from nsl.config import split_overrides
+
+  overrides, rest = split_overrides(argv)
   args = parser.parse_args(rest)
   return args, overrides
 

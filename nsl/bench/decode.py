@@ -57,15 +57,9 @@ def _parse(argv):
                  help="nextlat: a trained run (acceptance depends on the weights; prompts from its validation data)")
   p.add_argument("--window", type=int, default=None,
                  help="temporary-key window w for sps/delayed_state/reverse_sps (default: the config's, else 64)")
-  overrides, rest = [], []
-  for arg in argv:
-    if arg.startswith("--config."):
-      key, sep, value = arg[len("--config."):].partition("=")
-      if not sep:
-        raise ConfigError(f"override {arg!r} needs a value: --config.{key}=VALUE")
-      overrides.append((key, value))
-    else:
-      rest.append(arg)
+  from nsl.config import split_overrides
+
+  overrides, rest = split_overrides(argv)
   args = p.parse_args(rest)
   args.variants = [v for v in args.variants.split(",") if v]
   for v in args.variants:

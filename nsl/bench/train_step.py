@@ -58,14 +58,13 @@ def main(argv: list[str] | None = None) -> int:
 
   import flax.linen as nn
   import jax
-  import jax.numpy as jnp
   import numpy as np
 
   from nsl import config as nsl_config, sharding
   from nsl.models import registry
   from nsl.train import state as train_state, step as train_step_lib
 
-  overrides = [tuple(a[len("--config."):].split("=", 1)) for a in rest if a.startswith("--config.")]
+  overrides, _ = nsl_config.split_overrides(rest)
   config = nsl_config.load_config(args.config, overrides)
   if args.batch:
     config.train.batch_size = args.batch
