@@ -9,5 +9,5 @@ def get_config():
   c.family = "sps"
   c.model.variant = "twox_memory"
   c.model.window = None
-  c.model.layout = "interleaved"  # all slots persistent: stream-major would visit slightly more tiles
+  c.model.layout = "stream_major"  # same losses as "interleaved", faster even without a temporary band
   return c

@@ -221,8 +221,6 @@ def test_bad_layout_and_default_layout():
   assert "layout" not in c.model
   nsl_config.validate(c)
   assert registry.get_family(c).layout_name == "stream_major"
-  c.model.variant, c.model.window = "twox_memory", None
-  assert registry.get_family(c).layout_name == "interleaved"  # nothing temporary to band
 
 
 # ----------------------------------------------------------------------------- configs
