@@ -227,7 +227,7 @@ def decode_step(dims, plan: SlotPlan, params, cache, token_B, index):
   ring = plan.ring_size
   r_at = index % ring if ring else 0
   new = dict(cache)
-  ks, vs, rks, rvs = [], [], [], []
+  ks, vs = [], []
   for i in range(dims.n_layers):
     p = params["trunk"][f"block_{i}"]
     attn = _attn(dims, p["attn"])
