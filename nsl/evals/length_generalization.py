@@ -45,12 +45,10 @@ def parse_lengths(spec: str) -> list[int]:
 
 
 def load_run(workdir: str):
-  """(config, family, params): `nsl.evals.common.load_run` when it exists, else the teacher loader."""
-  try:
-    from nsl.evals.common import load_run as common_load_run
-  except ImportError:
-    from nsl.models.teacher import load_run as common_load_run
-  return common_load_run(workdir)
+  """(config, family, params) of a trained run: `nsl.evals.common.load_run`."""
+  from nsl.evals import common
+
+  return common.load_run(workdir)
 
 
 def accuracy_by_length(family, params, heldout: dict, lengths: list[int], per_length: int, feed: str = "own",

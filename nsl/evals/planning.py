@@ -22,29 +22,14 @@ import time
 
 import numpy as np
 
-from nsl.errors import NslError, cli_main
+from nsl.errors import cli_main
 
 
 def load_run(workdir: str):
-  """(config, family, params) of a trained run (latest checkpoint, on the default device)."""
-  import flax.linen as nn
-  import jax
-  import ml_collections
+  """(config, family, params) of a trained run: `nsl.evals.common.load_run`."""
+  from nsl.evals import common
 
-  from nsl import checkpoint
-  from nsl.models import registry
-  from nsl.train import state as train_state
-
-  path = os.path.join(workdir, "config.json")
-  if not os.path.isfile(path):
-    raise NslError(f"--workdir={workdir}: no config.json (not a run directory)")
-  with open(path, encoding="utf-8") as f:
-    config = ml_collections.ConfigDict(json.load(f))
-  family = registry.get_family(config)
-  optimizer = train_state.make_optimizer(config)
-  abstract = nn.unbox(jax.eval_shape(lambda r: train_state.create(family.init(r), optimizer), jax.random.PRNGKey(0)))
-  params, _ = checkpoint.restore_params(workdir, abstract)
-  return config, family, params
+  return common.load_run(workdir)
 
 
 def greedy_batch(family, params, prompts_BN: np.ndarray, new_tokens: int) -> np.ndarray:

@@ -52,23 +52,10 @@ def _read_config(workdir: str):
 
 
 def load_run(workdir: str):
-  """(config, family, params) of a trained run on this host's default device (private stand-in
-  for nsl.evals.common.load_run)."""
-  import flax.linen as nn
-  import jax
+  """(config, family, params) of a trained run: `nsl.evals.common.load_run`."""
+  from nsl.evals import common
 
-  from nsl import checkpoint
-  from nsl.models import registry
-  from nsl.train import state as train_state
-
-  config = _read_config(workdir)
-  family = registry.get_family(config)
-  optimizer = train_state.make_optimizer(config)
-  boxed = jax.eval_shape(lambda r: train_state.create(family.init(r), optimizer), jax.random.PRNGKey(0))
-  sh = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), nn.unbox(boxed))
-  params, _ = checkpoint.restore_params(workdir, abstract)
-  return config, family, params
+  return common.load_run(workdir)
 
 
 def tokenizer_fingerprint(config) -> str:
