@@ -23,8 +23,10 @@ demo: $(STAMP)
 	$(PY) -m nsl.launch --config=configs/tiny.py --workdir=$(DEMO_DIR)
 	$(PY) -m nsl.report $(DEMO_DIR)
 
+# Two workers (CI has 2 cores); a test file stays on one worker so its module fixtures run once.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests
 
 clean:
 	rm -rf $(VENV) runs data

@@ -1,12 +1,25 @@
-"""Test-wide setup: 8 fake CPU devices for sharding tests (set before JAX is imported)."""
+"""Test-wide setup, set before JAX is imported.
+
+- 8 fake CPU devices for the sharding tests.
+- The suite is dominated by XLA compiles of tiny programs, not by running them, so tests compile
+  with LLVM optimisation off (`--xla_backend_optimization_level=0`; same semantics, slower code
+  that tiny shapes never notice) and share a persistent compilation cache
+  (`.cache/jax-tests`, gitignored; keyed by the program, so stale entries are never reused): the
+  many trainers of the same tiny config, and the CLI subprocesses that inherit this environment,
+  compile once. Set NSL_TEST_JAX_CACHE=0 to compile everything afresh.
+"""
 
 import os
 import sys
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if os.environ.get("NSL_TEST_JAX_CACHE", "1") != "0":
+  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(ROOT, ".cache", "jax-tests"))
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# CLI subprocesses run on one device, compiled as the in-process tests are (tests/conftest.py).
+SUBPROCESS_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 
 def sotu_texts(n: int = 12, chars: int = 6000) -> list[str]:
@@ -68,6 +70,6 @@ def tiny_config(data_dir: str, **overrides):
 
 def run_cli(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
   full_env = dict(os.environ, **(env or {}))
-  full_env.pop("XLA_FLAGS", None)
+  full_env["XLA_FLAGS"] = SUBPROCESS_XLA_FLAGS
   return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, env=full_env,
                         timeout=timeout)

@@ -33,7 +33,8 @@ def test_chunked_matches_dense_values_and_gradients(rule):
   layout = masks.Layout.causal(q.shape[1])
   dense = _loss("xla", rule, layout, segment)
   chunked = _loss("chunked", rule, layout, segment)
-  np.testing.assert_allclose(chunked(q, k, v), dense(q, k, v), rtol=1e-5)
+  # a scalar sum over many O(1) terms: fp32 rounding of the summands, not relative to the sum
+  np.testing.assert_allclose(chunked(q, k, v), dense(q, k, v), rtol=1e-5, atol=1e-4)
   for gc, gd in zip(jax.grad(chunked, (0, 1, 2))(q, k, v), jax.grad(dense, (0, 1, 2))(q, k, v)):
     np.testing.assert_allclose(gc, gd, atol=2e-5)
 

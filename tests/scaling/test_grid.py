@@ -14,7 +14,7 @@ import pytest
 from nsl.errors import ConfigError
 from nsl.scaling import grid
 from nsl.scaling.backends import CellLock, LocalBackend, TpuBackend, alive
-from tests.helpers import ROOT, make_corpus, run_cli
+from tests.helpers import ROOT, SUBPROCESS_XLA_FLAGS, make_corpus, run_cli
 
 TINY_GRID = os.path.join(ROOT, "configs", "grids", "tiny.py")
 LADDER_GRID = os.path.join(ROOT, "configs", "grids", "sps_ladder.py")
@@ -162,7 +162,7 @@ def _statuses(root: Path) -> dict:
 
 def test_runner_killed_halfway_then_rerun_completes_without_redoing(two_cell_grid, tmp_path):
   root = tmp_path / "root"
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = dict(os.environ, XLA_FLAGS=SUBPROCESS_XLA_FLAGS)  # single-device launchers
   cmd = [sys.executable, "-m", "nsl.scaling.grid", "run", f"--grid={two_cell_grid}", f"--root={root}",
          "--poll_seconds=0.2"]
   runner = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -222,7 +222,7 @@ def test_ray_backend_runs_a_cell_on_a_local_ray_instance(two_cell_grid, tmp_path
     pytest.skip("ray is not installed (pip install ray): the ray backend is untested here")
   from nsl.scaling.backends import RayBackend, Runner
 
-  monkeypatch.delenv("XLA_FLAGS", raising=False)  # the workers run single-device launchers
+  monkeypatch.setenv("XLA_FLAGS", SUBPROCESS_XLA_FLAGS)  # the workers run single-device launchers
   cell = grid.expand(two_cell_grid)[0]
   backend = RayBackend(address="local", local_cpus=2)
   try:

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.helpers import ROOT, make_corpus
+from tests.helpers import SUBPROCESS_XLA_FLAGS, ROOT, make_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,7 @@ def _write_config(tmp_path, data_dir, **overrides):
 
 
 def _env(devices):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {SUBPROCESS_XLA_FLAGS}")
   return env
 
 
