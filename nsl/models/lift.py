@@ -34,9 +34,14 @@ REFERENCES §3, every choice configurable under `config.lift`:
 - **Self-state adaptation**: from step ceil((1 - `lift.adapt_fraction`)·train.steps) on (last
   10%), no teacher and no KL; n extra no-gradient forward passes make the model's own states,
   n ∈ {0, 1, 2} with probabilities `lift.adapt_pass_probs` = (0.5, 0.25, 0.25) (our reading of
-  "with probability 0.5 run 1–2 extra passes"); pass 1 starts from b everywhere, pass i+1 is fed
-  the states of pass i; the trained pass is fed the last ones (b when n = 0). Decided inside
-  the loss with `lax.cond` / `lax.switch` on `step`.
+  "with probability 0.5 run 1–2 extra passes"); pass 1 is fed the seed states, pass i+1 the
+  states of pass i; the trained pass is fed the last ones (the seed when n = 0). Decided inside
+  the loss with `lax.cond` / `lax.switch` on `step`. The seed (`lift.adapt_seed`) is b
+  everywhere (`bias`, the literal reading: no teacher at all) or the teacher's states
+  (`teacher`: the teacher only seeds the first pass; no KL). On S5 a `bias` seed leaves every
+  state past the first few positions wrong (one pass fixes about one more position, a parallel
+  Jacobi sweep of the sequential feedback), so the model learns to distrust its channel; the
+  `teacher` seed keeps the passes near the states the model will feed itself.
 
 Variants: `lift` (above); `lift_no_states` (the same parameters, channel off: every fed state is
 b; CE only); `distill` (no fusion, no channel: a standard transformer with CE + λ·KL to the
@@ -67,6 +72,7 @@ from nsl.models.transformer import standard_rule
 
 VARIANTS = ("lift", "lift_no_states", "distill", "lift_rnn")
 DROPOUT_MODES = ("sequence", "prefix")
+ADAPT_SEEDS = ("bias", "teacher")
 
 
 # -- definitions --------------------------------------------------------------------------------
@@ -130,6 +136,7 @@ class LiftSpec:
   dropout_mode: str = "sequence"
   adapt_fraction: float = 0.1
   adapt_pass_probs: tuple[float, ...] = (0.5, 0.25, 0.25)
+  adapt_seed: str = "bias"  # what the first no-gradient pass is fed: bias | teacher
   teacher: str = "labels"  # labels | precomputed | <run dir>
 
   @property
@@ -150,7 +157,8 @@ class LiftSpec:
                     kl_weight=float(l.kl_weight), kl_temperature=float(l.kl_temperature),
                     fusion_hidden=int(l.fusion_hidden), state_dropout=float(l.state_dropout),
                     dropout_mode=str(l.dropout_mode), adapt_fraction=float(l.adapt_fraction),
-                    adapt_pass_probs=tuple(float(x) for x in l.adapt_pass_probs), teacher=str(l.teacher))
+                    adapt_pass_probs=tuple(float(x) for x in l.adapt_pass_probs),
+                    adapt_seed=str(l.get("adapt_seed", "bias")), teacher=str(l.teacher))
 
 
 def default_lift_config():
@@ -328,6 +336,8 @@ class LiftFamily(Family):
       raise ConfigError(f"config.lift.adapt_fraction={s.adapt_fraction} must be in [0, 1)")
     if len(s.adapt_pass_probs) != 3 or abs(sum(s.adapt_pass_probs) - 1) > 1e-6 or min(s.adapt_pass_probs) < 0:
       raise ConfigError("config.lift.adapt_pass_probs must be 3 probabilities (0, 1, 2 passes) summing to 1")
+    if s.adapt_seed not in ADAPT_SEEDS:
+      raise ConfigError(f"config.lift.adapt_seed={s.adapt_seed!r} must be one of {ADAPT_SEEDS}")
     if not s.teacher and s.variant in ("lift", "distill"):
       raise ConfigError(f"config.lift.teacher is empty but variant {s.variant!r} needs one: 'labels', "
                         "'precomputed' or a teacher run directory")
@@ -429,8 +439,12 @@ class LiftFamily(Family):
     def adapt_phase(_):
       sg = jax.lax.stop_gradient(params)
       own = lambda fed: jax.lax.stop_gradient(self.fed(sg, self.own_states(sg, inputs, seg_in, fed), seg_in))
+      if s.adapt_seed == "teacher":
+        seed = jax.lax.stop_gradient(self.fed(sg, self.teacher_states(batch, targets, weights), seg_in))
+      else:
+        seed = jax.lax.stop_gradient(bias)
       n = jax.random.choice(k_pass, 3, p=jnp.asarray(s.adapt_pass_probs))
-      fed = jax.lax.switch(n, [lambda: jax.lax.stop_gradient(bias), lambda: own(bias), lambda: own(own(bias))])
+      fed = jax.lax.switch(n, [lambda: seed, lambda: own(seed), lambda: own(own(seed))])
       loss, w = ce(apply(fed))
       return loss, loss, jnp.zeros((), jnp.float32), w
 

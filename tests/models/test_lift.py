@@ -149,16 +149,19 @@ def test_state_dropout_replaces_states_by_bias():
   np.testing.assert_allclose(m["ce"], ce, rtol=1e-5)
 
 
-@pytest.mark.parametrize("n", [0, 2])
-def test_self_state_adaptation_trains_on_own_states_without_teacher(n):
+@pytest.mark.parametrize("n,seed", [(0, "bias"), (2, "bias"), (1, "teacher")])
+def test_self_state_adaptation_trains_on_own_states_without_teacher(n, seed):
   probs = tuple(1.0 if i == n else 0.0 for i in range(3))
-  fam, params = family_and_params(adapt_pass_probs=probs, adapt_fraction=0.1)
+  fam, params = family_and_params(adapt_pass_probs=probs, adapt_fraction=0.1, adapt_seed=seed)
   b = batch()
   assert fam.adapt_start() == 90
   loss, m = jax.jit(fam.loss)(params, b, jax.random.PRNGKey(0), jnp.asarray(95))
   assert float(m["kl"]) == 0.0
   inputs, targets, seg, w = layers.next_token_targets(b)
-  fed = jnp.broadcast_to(params["state_bias"], inputs.shape + (D,))
+  if seed == "bias":
+    fed = jnp.broadcast_to(params["state_bias"], inputs.shape + (D,))
+  else:  # the oracle teacher's states (one-hot targets) seed the first pass
+    fed = fam.fed(params, jax.nn.one_hot(targets, V) * w[..., None], seg)
   for _ in range(n):
     fed = fam.fed(params, fam.own_states(params, inputs, seg, fed), seg)
   ce, _, _, _ = _ce_kl(fam, params, b, fed)
@@ -267,3 +270,12 @@ def test_teacher_on_the_fly_precomputed_and_tokenizer_check(tmp_path):
   bad.model.vocab_size, bad.data.path, bad.data.tokenizer = 257, other, "byte"
   with pytest.raises(ConfigError, match="tokenizer"):
     lift.LiftFamily(bad).teacher
+
+
+@pytest.mark.parametrize("field,value,match", [("adapt_seed", "oracle", "adapt_seed"), ("state_dropout", 1.5, "state_dropout"),
+                                               ("adapt_pass_probs", (0.5, 0.5, 0.5), "adapt_pass_probs")])
+def test_bad_lift_fields_are_config_errors(field, value, match):
+  from nsl.errors import ConfigError
+
+  with pytest.raises(ConfigError, match=match):
+    lift.LiftFamily.validate(tiny_config(**{field: value}))
