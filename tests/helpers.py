@@ -68,6 +68,30 @@ def tiny_config(data_dir: str, **overrides):
   return c
 
 
+def fake_run(workdir: str, config, seed: int = 7):
+  """A run dir (config.json + a checkpoint of freshly initialised parameters), no training:
+  (workdir, family, params)."""
+  import json
+
+  import flax.linen as nn
+  import jax
+
+  from nsl import checkpoint
+  from nsl import config as nsl_config
+  from nsl.models import registry
+  from nsl.train import state as train_state
+
+  os.makedirs(workdir)
+  fam = registry.get_family(config)
+  st = train_state.create(nn.unbox(fam.init(jax.random.PRNGKey(seed))), train_state.make_optimizer(config))
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(nsl_config.to_dict(config), f)
+  ck = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), keep=1, async_save=False)
+  ck.save(1, st, None, {}, force=True)
+  ck.close()
+  return workdir, fam, st.params
+
+
 def run_cli(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
   full_env = dict(os.environ, **(env or {}))
   full_env["XLA_FLAGS"] = SUBPROCESS_XLA_FLAGS

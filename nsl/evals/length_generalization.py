@@ -1,14 +1,19 @@
-"""Length generalization on S5 (REFERENCES §3): accuracy vs sequence length N per model.
+"""Length generalization on S5 and procedural evaluation on arithmetic (REFERENCES §3): accuracy
+against the sequence length N (S5) or the operand count m (arithmetic), per model.
 
   python -m nsl.evals.length_generalization --runs=runs/s5_standard,runs/s5_lift [--lengths=1-16,20,24,32,48,64]
       [--per_length=2000] [--data=DIR] [--out=DIR] [--feed=own|bias]
 
-For each run (an nsl run dir trained on an S5 task dir, `nsl.data.tasks.s5`) and each N, the
-accuracy is the fraction of the held-out sequences of length N (`heldout.npz`, 2,000 per N)
-whose final state s_N is the argmax prediction at the last position. Standard (and any
-non-LIFT) models run the sequence in parallel; LIFT-family models feed back their own states
-token by token with the KV cache (`LiftFamily.feedback_logits`; `--feed=bias` switches the
-channel off). Chance is 1/120. Prints a table (rows N, one column per run), writes
+Each run is an nsl run dir trained on an S5 or arithmetic task dir (`nsl.data.tasks.s5`,
+`.arithmetic`); the task comes from the data dir's manifest.
+- S5: for each N, the fraction of the held-out sequences of length N (`heldout.npz`, 2,000 per
+  N) whose final state s_N is the argmax prediction at the last position. Chance is 1/120.
+- Arithmetic: for each m = 2..10 (default lengths), the fraction of held-out problems whose every
+  answer token (and its EOS) is the argmax prediction under teacher forcing, which equals greedy
+  exact match of the answer.
+Standard (and any non-LIFT) models run the sequence in parallel; LIFT-family models feed back
+their own states token by token with the KV cache (`LiftFamily.feedback_logits`; `--feed=bias`
+switches the channel off). Prints a table (rows N or m, one column per run), writes
 `length_generalization.json` and `length_generalization.png` to --out (default: the first run's
 parent directory), and records `length_generalization` in each run's result.json.
 """
@@ -25,6 +30,21 @@ import numpy as np
 from nsl.errors import NslError, cli_main
 
 CHANCE = 1.0 / 120
+# What the rows are, the default rows, chance (None: not meaningful) and the longest trained row.
+TASKS = {
+    "s5": {"axis": "sequence length N", "lengths": "1-16,20,24,28,32,40,48,56,64", "chance": CHANCE, "train_max": 16},
+    "arithmetic": {"axis": "operands m", "lengths": "2-10", "chance": None, "train_max": None},
+}
+
+
+def task_name(data_dir: str) -> str:
+  from nsl.data import prepare
+
+  name = prepare.load_manifest(data_dir).get("task", {}).get("name")
+  if name not in TASKS:
+    raise NslError(f"{data_dir} holds task {name!r}; length generalization reads {sorted(TASKS)} task dirs "
+                   "(python -m nsl.data.tasks.s5 --out=DIR)")
+  return name
 
 
 def parse_lengths(spec: str) -> list[int]:
@@ -52,8 +72,9 @@ def load_run(workdir: str):
 
 
 def accuracy_by_length(family, params, heldout: dict, lengths: list[int], per_length: int, feed: str = "own",
-                       batch_size: int = 500) -> dict[int, float]:
-  """{N: final-state accuracy} of one model on the held-out sets."""
+                       batch_size: int = 500, task: str = "s5") -> dict[int, float]:
+  """{N: accuracy} of one model on the held-out sets: the final state (S5), or every labelled
+  answer position (arithmetic, whose held-out windows all have one width)."""
   import jax
   import jax.numpy as jnp
 
@@ -62,36 +83,40 @@ def accuracy_by_length(family, params, heldout: dict, lengths: list[int], per_le
     fwd = jax.jit(lambda p, t: family.feedback_logits(p, t, feed=feed))
   else:
     fwd = jax.jit(lambda p, t: family.model.apply({"params": p}, t, jnp.ones_like(t)))
-  # Causal models: the prediction at position N depends only on tokens <= N, so every length is
-  # padded to one width and read at its own last position (one compiled shape for all N).
-  width = max(lengths) + 1
+  # Causal models: the prediction at position N depends only on tokens <= N, so every S5 length
+  # is padded to one width and read at its own last position (one compiled shape for all N).
+  width = max(lengths) + 1 if task == "s5" else next(iter(heldout.values()))[0].shape[1]
   out = {}
   for n in lengths:
     if n not in heldout:
-      raise NslError(f"the held-out set has no sequences of length {n} (has 1..{max(heldout)})")
+      raise NslError(f"the held-out set has no rows for {TASKS[task]['axis']} {n} (has {min(heldout)}..{max(heldout)})")
     tokens, labels = heldout[n]
     tokens, labels = tokens[:per_length], labels[:per_length]
     padded = np.zeros((len(tokens), width), np.int32)
-    padded[:, :n + 1] = tokens
+    padded[:, :tokens.shape[1]] = tokens
     correct = 0
     for i in range(0, len(tokens), batch_size):
       chunk = padded[i:i + batch_size]
       real = len(chunk)
       if real < batch_size:
         chunk = np.concatenate([chunk, np.zeros((batch_size - real, width), np.int32)])
-      logits = fwd(params, jnp.asarray(chunk))
-      pred = np.asarray(jnp.argmax(logits[:real, n], -1))
-      correct += int(np.sum(pred == labels[i:i + batch_size, -1]))
+      pred = np.asarray(jnp.argmax(fwd(params, jnp.asarray(chunk))[:real], -1))
+      lab = labels[i:i + batch_size]
+      if task == "s5":
+        correct += int(np.sum(pred[:, n] == lab[:, -1]))
+      else:
+        correct += int(np.sum(np.where(lab >= 0, pred == lab, True).all(axis=1)))
     out[n] = correct / len(tokens)
   return out
 
 
-def format_table(names: list[str], results: dict[str, dict[int, float]], lengths: list[int]) -> str:
+def format_table(names: list[str], results: dict[str, dict[int, float]], lengths: list[int], task: str = "s5") -> str:
   width = max(12, *(len(n) for n in names))
-  lines = ["N".rjust(4) + "".join(n.rjust(width + 2) for n in names)]
+  lines = [TASKS[task]["axis"].split()[-1].rjust(4) + "".join(n.rjust(width + 2) for n in names)]
   for n in lengths:
     lines.append(str(n).rjust(4) + "".join(f"{results[r][n]:.3f}".rjust(width + 2) for r in names))
-  lines.append("chance = 1/120 = 0.008")
+  if TASKS[task]["chance"]:
+    lines.append(f"chance = {TASKS[task]['chance']:.3f}")
   return "\n".join(lines)
 
 
@@ -104,7 +129,7 @@ def chance_from(acc: dict[int, float], threshold: float = 2 * CHANCE) -> int | N
   return None
 
 
-def plot(names, results, lengths, path: str) -> None:
+def plot(names, results, lengths, path: str, task: str = "s5") -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -112,12 +137,15 @@ def plot(names, results, lengths, path: str) -> None:
   fig, ax = plt.subplots(figsize=(7, 4))
   for name in names:
     ax.plot(lengths, [results[name][n] for n in lengths], marker="o", ms=3, label=name)
-  ax.axhline(CHANCE, color="gray", ls=":", label="chance (1/120)")
-  ax.axvline(16, color="gray", ls="--", lw=0.8, label="max train length")
-  ax.set_xlabel("sequence length N")
-  ax.set_ylabel("final-state accuracy")
+  spec = TASKS[task]
+  if spec["chance"]:
+    ax.axhline(spec["chance"], color="gray", ls=":", label=f"chance ({spec['chance']:.3f})")
+  if spec["train_max"]:
+    ax.axvline(spec["train_max"], color="gray", ls="--", lw=0.8, label="max train length")
+  ax.set_xlabel(spec["axis"])
+  ax.set_ylabel("final-state accuracy" if task == "s5" else "exact-match answer accuracy")
   ax.set_ylim(-0.02, 1.02)
-  ax.set_title("S5 length generalization")
+  ax.set_title("S5 length generalization" if task == "s5" else "arithmetic by operand count")
   ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
@@ -127,28 +155,33 @@ def plot(names, results, lengths, path: str) -> None:
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="python -m nsl.evals.length_generalization", description=__doc__.split("\n")[0])
   p.add_argument("--runs", required=True, help="comma-separated run directories")
-  p.add_argument("--lengths", default="1-16,20,24,28,32,40,48,56,64")
+  p.add_argument("--lengths", default="", help="rows, e.g. 1-16,20,32 (default: the task's)")
   p.add_argument("--per_length", type=int, default=2000)
   p.add_argument("--batch_size", type=int, default=500)
-  p.add_argument("--data", default="", help="S5 task dir (default: each run's data.path)")
+  p.add_argument("--data", default="", help="S5 / arithmetic task dir (default: each run's data.path)")
   p.add_argument("--feed", default="own", choices=("own", "bias"), help="LIFT state channel at test")
   p.add_argument("--out", default="")
   a = p.parse_args(argv)
   from nsl.data.tasks import s5
 
   runs = [r for r in a.runs.split(",") if r]
-  lengths = parse_lengths(a.lengths)
-  results, names, meta = {}, [], {}
+  results, names, meta, task, lengths = {}, [], {}, None, []
   for run in runs:
     config, family, params = load_run(run)
     data = a.data or str(config.data.path)
+    this_task = task_name(data)
+    if task is None:
+      task, lengths = this_task, parse_lengths(a.lengths or TASKS[this_task]["lengths"])
+    elif this_task != task:
+      raise NslError(f"{run} was trained on {this_task}, {runs[0]} on {task}: compare runs of one task")
     heldout = s5.load_heldout(data)
     name = os.path.basename(os.path.normpath(run))
-    acc = accuracy_by_length(family, params, heldout, lengths, a.per_length, a.feed, a.batch_size)
+    acc = accuracy_by_length(family, params, heldout, lengths, a.per_length, a.feed, a.batch_size, task)
     names.append(name)
     results[name] = acc
-    meta[name] = {"run": run, "family": config.family, "variant": config.model.variant,
-                  "chance_from": chance_from(acc)}
+    meta[name] = {"run": run, "family": config.family, "variant": config.model.variant}
+    if TASKS[task]["chance"]:
+      meta[name]["chance_from"] = chance_from(acc, 2 * TASKS[task]["chance"])
     print(f"{name}: done", file=sys.stderr, flush=True)
     rpath = os.path.join(run, "result.json")
     if os.path.isfile(rpath):
@@ -158,15 +191,16 @@ def main(argv=None) -> int:
                                          "accuracy": {str(n): v for n, v in acc.items()}}
       with open(rpath, "w") as f:
         json.dump(record, f, indent=1)
-  print(format_table(names, results, lengths))
+  print(format_table(names, results, lengths, task))
   for name in names:
-    print(f"{name}: below 2x chance from N={meta[name]['chance_from']}")
+    if "chance_from" in meta[name]:
+      print(f"{name}: below 2x chance from N={meta[name]['chance_from']}")
   out = a.out or os.path.dirname(os.path.abspath(os.path.normpath(runs[0])))
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, "length_generalization.json"), "w") as f:
-    json.dump({"lengths": lengths, "per_length": a.per_length, "feed": a.feed, "runs": meta,
+    json.dump({"task": task, "lengths": lengths, "per_length": a.per_length, "feed": a.feed, "runs": meta,
                "accuracy": {k: {str(n): v for n, v in r.items()} for k, r in results.items()}}, f, indent=1)
-  plot(names, results, lengths, os.path.join(out, "length_generalization.png"))
+  plot(names, results, lengths, os.path.join(out, "length_generalization.png"), task)
   print(f"wrote {os.path.join(out, 'length_generalization.png')}", file=sys.stderr)
   return 0
 

@@ -94,3 +94,22 @@ def test_arithmetic_problems_and_labels(tmp_path):
   assert b["labels"].shape == (4, arithmetic.WINDOW + 1)
   perfect = np.eye(arithmetic.VOCAB_SIZE)[np.maximum(b["labels"], 0)]
   assert arithmetic.answer_accuracy(perfect, b["labels"]) == 1.0
+
+
+def test_task_sources_generate_s5_and_arithmetic_on_first_use(tmp_path):
+  import pytest
+
+  from nsl.data import prepare
+  from nsl.errors import ConfigError, DataError
+
+  src = "task:s5:train_sequences=40,val_sequences=8,max_train_len=4,heldout_per_length=2,max_eval_len=6"
+  m = prepare.ensure_prepared(str(tmp_path / "s5"), sources=[src], tokenizer="task:s5")
+  assert m["task"]["name"] == "s5" and m["task"]["max_eval_len"] == 6
+  assert prepare.ensure_prepared(str(tmp_path / "s5"), sources=[src], tokenizer="task:s5") == m  # reused
+  a = prepare.ensure_prepared(str(tmp_path / "ar"), sources=["task:arithmetic:train_sequences=30,val_sequences=4,"
+                                                             "heldout_per_count=2"], tokenizer="task:arithmetic")
+  assert a["task"]["name"] == "arithmetic"
+  with pytest.raises(DataError, match="does not hold the arithmetic task"):
+    prepare.ensure_prepared(str(tmp_path / "s5"), sources=["task:arithmetic"], tokenizer="task:arithmetic")
+  with pytest.raises(ConfigError, match="task:s5"):
+    prepare.ensure_prepared(str(tmp_path / "x"), sources=["task:s5:colour=3"], tokenizer="task:s5")

@@ -3,8 +3,6 @@ self-state adaptation, cached own-state feedback, and teachers (on the fly and p
 
 from __future__ import annotations
 
-import json
-import os
 
 import flax.linen as nn
 import jax
@@ -13,6 +11,7 @@ import numpy as np
 import pytest
 
 from nsl.models import layers, lift
+from tests.helpers import fake_run
 
 V, D = 16, 16
 
@@ -202,20 +201,8 @@ def test_variants():
 
 
 def _fake_run(tmp_path, name, config):
-  """A run dir (config.json + checkpoint of freshly initialised parameters), no training."""
-  from nsl import checkpoint, config as nsl_config
-  from nsl.models import registry
-  from nsl.train import state as train_state
-
-  workdir = tmp_path / name
-  workdir.mkdir()
-  fam = registry.get_family(config)
-  st = train_state.create(nn.unbox(fam.init(jax.random.PRNGKey(7))), train_state.make_optimizer(config))
-  (workdir / "config.json").write_text(json.dumps(nsl_config.to_dict(config)))
-  ck = checkpoint.Checkpointer(str(workdir / "checkpoints"), keep=1, async_save=False)
-  ck.save(1, st, None, {}, force=True)
-  ck.close()
-  return str(workdir), fam, st.params
+  workdir, fam, params = fake_run(str(tmp_path / name), config)
+  return workdir, fam, params
 
 
 def _tiny_task_dir(tmp_path):

@@ -40,19 +40,22 @@ from nsl.errors import ConfigError, DataError, cli_main
 PREFIX = "task:"
 TEST_FILE = "task_test.npz"
 TASKS = ("path_star", "countdown")
+# Tasks with per-token labels and a held-out set, written by their own modules' `generate`
+# (nsl/data/tasks/s5.py, arithmetic.py); `task:s5:seed=1,...` passes integer keyword arguments.
+LABELLED_TASKS = ("s5", "arithmetic")
 
 
 def is_task_source(sources: Sequence[str]) -> bool:
   """True for one source `task:path_star:...` or `task:countdown:...` (other task: sources,
   such as S5's, are written by their own modules)."""
-  return len(sources) == 1 and any(str(sources[0]).split(":")[:2] == ["task", t] for t in TASKS)
+  return len(sources) == 1 and any(str(sources[0]).split(":")[:2] == ["task", t] for t in TASKS + LABELLED_TASKS)
 
 
 def parse_source(spec: str) -> tuple[str, dict[str, int]]:
   """'task:path_star:d=5,l=5' -> ('path_star', {'d': 5, 'l': 5})."""
   parts = spec.split(":", 2)
-  if len(parts) < 2 or parts[0] != "task" or parts[1] not in TASKS:
-    raise ConfigError(f"task source {spec!r} must look like task:<{'|'.join(TASKS)}>:k=v,...")
+  if len(parts) < 2 or parts[0] != "task" or parts[1] not in TASKS + LABELLED_TASKS:
+    raise ConfigError(f"task source {spec!r} must look like task:<{'|'.join(TASKS + LABELLED_TASKS)}>:k=v,...")
   kwargs: dict[str, int] = {}
   if len(parts) == 3 and parts[2]:
     for item in parts[2].split(","):
@@ -133,6 +136,9 @@ def ensure_task_prepared(out_dir: str, sources: Sequence[str]) -> dict:
   another task than `sources` names."""
   from nsl.data.prepare import MANIFEST, load_manifest
 
+  name, kwargs = parse_source(sources[0])
+  if name in LABELLED_TASKS:
+    return _ensure_labelled(out_dir, name, kwargs)
   if os.path.isfile(os.path.join(out_dir, MANIFEST)):
     manifest = load_manifest(out_dir)
     if manifest.get("sources") != list(sources):
@@ -140,6 +146,26 @@ def ensure_task_prepared(out_dir: str, sources: Sequence[str]) -> dict:
                       "use another data.path or delete it")
     return manifest
   return write_task(out_dir, sources[0])
+
+
+def _ensure_labelled(out_dir: str, name: str, kwargs: dict[str, int]) -> dict:
+  """S5 / arithmetic: reuse `out_dir` when it holds that task, else generate it (defaults plus
+  the source's k=v; the same as `python -m nsl.data.tasks.<name> --out=DIR`)."""
+  import importlib
+
+  from nsl.data.prepare import MANIFEST, load_manifest
+
+  if os.path.isfile(os.path.join(out_dir, MANIFEST)):
+    manifest = load_manifest(out_dir)
+    if manifest.get("task", {}).get("name") != name:
+      raise DataError(f"data dir {out_dir} does not hold the {name} task; use another data.path or delete it")
+    return manifest
+  module = importlib.import_module(f"nsl.data.tasks.{name}")
+  print(f"nsl: generating the {name} task into {out_dir} (python -m nsl.data.tasks.{name})", file=sys.stderr)
+  try:
+    return module.generate(out_dir, **kwargs)
+  except TypeError as e:
+    raise ConfigError(f"task source task:{name}: {e}") from None
 
 
 def load_test(data_dir: str) -> tuple[np.ndarray, np.ndarray]:
