@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+
 
 import flax.linen as nn
 import jax

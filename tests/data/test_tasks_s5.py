@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 
 import jax.numpy as jnp
 import numpy as np

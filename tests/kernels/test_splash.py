@@ -5,7 +5,6 @@ needs tiles of 128, so these cases use 256 slots and 2 x 2 tile grids).
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nsl.models import registry
 from nsl.models.transformer import StandardFamily
 from nsl.train import loop
 from nsl.train import state as train_state

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from nsl import config as nsl_config
 from nsl import sharding
 from nsl.errors import ConfigError
 from nsl.train import loop

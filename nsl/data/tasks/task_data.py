@@ -23,7 +23,6 @@ that token within the same document count (`nsl.models.nextlat.answer_weights`).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
