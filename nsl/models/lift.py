@@ -59,7 +59,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
