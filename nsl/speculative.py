@@ -20,8 +20,10 @@ written for rejected drafts lie beyond the new length and are overwritten by the
 
 The KV cache here is the plain causal trunk of `LatentLM` (parameters `embed`, `trunk`) run
 through the layers' own modules bound to `params`; it serves both plain and speculative
-decoding so their speeds are compared on the same code. `measure` returns tokens/s and the mean
-accepted tokens per draft for both, side by side.
+decoding so their speeds are compared on the same code. Each generation is one compiled
+program (plain: a scan over tokens; speculative: a while loop over rounds), so neither pays a
+host round trip per step. `measure` returns tokens/s and the mean accepted tokens per draft for
+both, side by side.
 """
 
 from __future__ import annotations
@@ -50,24 +52,26 @@ def cached_forward(dims: layers.Dims, params, cache, tokens_BM, start):
   pos = start + jnp.arange(m, dtype=jnp.int32)
   visible_MS = jnp.arange(cache["k"].shape[2])[None, :] <= pos[:, None]
   norm = lambda p, y: layers.RMSNorm(dims.norm_eps).apply({"params": p}, y)
-  ks, vs = [], []
+  ck, cv = cache["k"], cache["v"]
+  zero = jnp.zeros((), jnp.int32)
   for i in range(dims.n_layers):
     p = params["trunk"][f"block_{i}"]
     attn = layers.Attention(dims).bind({"params": p["attn"]})
     h = norm(p["attn_norm"], x)
     q = attn.project_q(h, pos)
     k, v = attn.project_kv(h, pos)
-    keys = jax.lax.dynamic_update_slice_in_dim(cache["k"][i], k.astype(cache["k"].dtype), start, axis=1)
-    vals = jax.lax.dynamic_update_slice_in_dim(cache["v"][i], v.astype(cache["v"].dtype), start, axis=1)
+    # Whole-array updates, so a donated or loop-carried cache is written in place.
+    at = (jnp.int32(i), zero, jnp.asarray(start, jnp.int32), zero, zero)
+    ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), at)
+    cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), at)
+    keys, vals = ck[i], cv[i]
     s = jnp.einsum("bmhd,bshd->bhms", q, keys, preferred_element_type=jnp.float32) / np.sqrt(dims.head_dim)
     s = jnp.where(visible_MS[None, None], s, -1e30)
     o = jnp.einsum("bhms,bshd->bmhd", jax.nn.softmax(s, axis=-1).astype(vals.dtype), vals)
     x = x + attn.output(o)
     x = x + layers.SwiGLU(dims).apply({"params": p["mlp"]}, norm(p["mlp_norm"], x))
-    ks.append(keys)
-    vs.append(vals)
   h = norm(params["trunk"]["final_norm"], x)
-  return h, {"k": jnp.stack(ks), "v": jnp.stack(vs)}
+  return h, {"k": ck, "v": cv}
 
 
 def _sample(logits_BV, key, temperature: float):
@@ -136,52 +140,70 @@ class Decoder:
         nxt = jax.random.categorical(keys[k + 1], jnp.log(jnp.maximum(law, 1e-30)), axis=-1).astype(jnp.int32)
       return n_acc, drafts_BK, nxt, h[:, n_acc], cache
 
-    self._prefill = jax.jit(prefill)
-    self._plain_step = jax.jit(plain_step)
-    self._spec_round = jax.jit(spec_round)
+    def plain_loop(p, prompt_BN, keys_T):
+      n, new = prompt_BN.shape[1], keys_T.shape[0]
+      cache = init_cache(dims, 1, n + new + 1)
+      tok, _, cache = prefill(p, cache, prompt_BN, keys_T[0])
 
-  def _start(self, prompt, new_tokens: int, extra: int, rng):
-    prompt = jnp.asarray(prompt, jnp.int32).reshape(1, -1)
-    cache = init_cache(self.dims, 1, prompt.shape[1] + new_tokens + extra)
-    return prompt, cache
+      def body(carry, xs):
+        cache, tok = carry
+        i, key = xs
+        nxt, _, cache = plain_step(p, cache, tok, n + i - 1, key)
+        return (cache, nxt), tok[0]
+
+      (_, last), toks = jax.lax.scan(body, (cache, tok), (jnp.arange(1, new, dtype=jnp.int32), keys_T[1:]))
+      return jnp.concatenate([toks, last])
+
+    def spec_loop(p, prompt_BN, rng, new: int):
+      n = prompt_BN.shape[1]
+      cache = init_cache(dims, 1, n + new + k + 2)
+      rng, key = jax.random.split(rng)
+      pending, h, cache = prefill(p, cache, prompt_BN, key)
+      out = jnp.zeros((new + k + 1,), jnp.int32).at[0].set(pending[0])
+      accepted = jnp.zeros((new,), jnp.int32)
+      slots = jnp.arange(k + 1)
+
+      def body(c):
+        cache, h, pending, m, count, rounds, out, accepted, rng = c
+        rng, key = jax.random.split(rng)
+        n_acc, drafts, pending, h, cache = spec_round(p, cache, h, pending, m, key)
+        # The round's tokens: the n_acc accepted drafts, then the new pending token; what lies
+        # past them is overwritten by the next round or cut at the end.
+        row = jnp.where(slots < n_acc, jnp.concatenate([drafts[0], jnp.zeros((1,), jnp.int32)]), pending[0])
+        out = jax.lax.dynamic_update_slice(out, row, (count,))
+        return (cache, h, pending, m + n_acc + 1, count + n_acc + 1, rounds + 1, out,
+                accepted.at[rounds].set(n_acc), rng)
+
+      c = (cache, h, pending, jnp.int32(n), jnp.int32(1), jnp.int32(0), out, accepted, rng)
+      c = jax.lax.while_loop(lambda c: c[4] < new, body, c)
+      return c[6][:new], c[7], c[5]
+
+    # Whole generations run on the device (a scan, a while loop): the comparison measures
+    # decoding, not one host round trip per token or per round.
+    self._plain = jax.jit(plain_loop)
+    self._spec = jax.jit(spec_loop, static_argnums=3)
 
   def generate(self, prompt, new_tokens: int, rng=None) -> np.ndarray:
     """Plain KV-cache decoding: `new_tokens` tokens after `prompt` [N] (one trunk call each)."""
     rng = jax.random.PRNGKey(0) if rng is None else rng
-    prompt, cache = self._start(prompt, new_tokens, 1, rng)
-    keys = jax.random.split(rng, new_tokens)
-    tok, _, cache = self._prefill(self.params, cache, prompt, keys[0])
-    out = [tok]
-    for i in range(1, new_tokens):
-      tok, _, cache = self._plain_step(self.params, cache, tok, jnp.int32(prompt.shape[1] + i - 1), keys[i])
-      out.append(tok)
-    return np.asarray(jnp.concatenate(out))
+    prompt = jnp.asarray(prompt, jnp.int32).reshape(1, -1)
+    return np.asarray(self._plain(self.params, prompt, jax.random.split(rng, new_tokens)))
 
   def generate_speculative(self, prompt, new_tokens: int, rng=None) -> tuple[np.ndarray, dict[str, Any]]:
     """Self-speculative decoding; returns (tokens [new_tokens], stats with the accepted drafts
     of every round)."""
     rng = jax.random.PRNGKey(0) if rng is None else rng
-    prompt, cache = self._start(prompt, new_tokens, self.k + 2, rng)
-    rng, key = jax.random.split(rng)
-    pending, h, cache = self._prefill(self.params, cache, prompt, key)
-    out = [int(pending[0])]
-    m = prompt.shape[1]
-    accepted = []
-    while len(out) < new_tokens:
-      rng, key = jax.random.split(rng)
-      n_acc, drafts, pending, h, cache = self._spec_round(self.params, cache, h, pending, jnp.int32(m), key)
-      n = int(n_acc)
-      accepted.append(n)
-      out += [int(t) for t in np.asarray(drafts[0, :n])] + [int(pending[0])]
-      m += n + 1
-    return np.asarray(out[:new_tokens], np.int32), {"accepted": accepted, "rounds": len(accepted)}
+    prompt = jnp.asarray(prompt, jnp.int32).reshape(1, -1)
+    out, accepted, rounds = self._spec(self.params, prompt, rng, int(new_tokens))
+    rounds = int(rounds)
+    return np.asarray(out), {"accepted": [int(a) for a in np.asarray(accepted)[:rounds]], "rounds": rounds}
 
 
 def measure(family, params, prompts, new_tokens: int, draft_len: int | None = None,
             temperature: float = 0.0, seed: int = 0) -> dict[str, dict[str, float]]:
   """Plain vs self-speculative decoding over `prompts` (a list of 1-D token arrays of one
-  length; another length recompiles inside the timing), one after another, after a warm-up that
-  compiles both. Returns {'plain': {...}, 'speculative': {...},
+  length; another length recompiles inside the timing), plain and speculative alternating prompt
+  by prompt, after a warm-up that compiles both. Returns {'plain': {...}, 'speculative': {...},
   'setup': {...}}: tokens/s for each; for speculative also the mean tokens per draft round
   (accepted drafts + 1, the paper's "accepted tokens per draft"), the mean accepted drafts, and
   the speed-up; `greedy_match` when temperature is 0 (outputs identical to plain decoding)."""
@@ -189,12 +211,14 @@ def measure(family, params, prompts, new_tokens: int, draft_len: int | None = No
   rng = jax.random.PRNGKey(seed)
   dec.generate(prompts[0], new_tokens, rng)  # compile (cache shapes depend on the lengths)
   dec.generate_speculative(prompts[0], new_tokens, rng)
-  t0 = time.perf_counter()
-  plain_out = [dec.generate(p, new_tokens, jax.random.fold_in(rng, i)) for i, p in enumerate(prompts)]
-  t_plain = time.perf_counter() - t0
-  t0 = time.perf_counter()
-  spec = [dec.generate_speculative(p, new_tokens, jax.random.fold_in(rng, i)) for i, p in enumerate(prompts)]
-  t_spec = time.perf_counter() - t0
+  # Alternate plain and speculative per prompt so load drift on a shared machine hits both alike.
+  plain_out, spec, t_plain, t_spec = [], [], 0.0, 0.0
+  for i, p in enumerate(prompts):
+    t0 = time.perf_counter()
+    plain_out.append(dec.generate(p, new_tokens, jax.random.fold_in(rng, i)))
+    t1 = time.perf_counter()
+    spec.append(dec.generate_speculative(p, new_tokens, jax.random.fold_in(rng, i)))
+    t_plain, t_spec = t_plain + t1 - t0, t_spec + time.perf_counter() - t1
   acc = np.concatenate([np.asarray(s["accepted"], np.float64) for _, s in spec])
   total = new_tokens * len(prompts)
   plain = {"tokens_per_s": total / t_plain, "seconds": t_plain, "trunk_calls_per_token": 1.0}
