@@ -56,7 +56,8 @@ def test_countdown_generator_solver_checker():
 
 def test_task_data_dir_feeds_the_pipeline(tmp_path):
   spec = "task:path_star:d=2,l=3,n_train=64,n_test=8,seed=0"
-  assert task_data.is_task_source([spec]) and not task_data.is_task_source(["task:s5"])
+  assert task_data.is_task_source([spec]) and task_data.is_task_source(["task:s5"])
+  assert not task_data.is_task_source(["task:s6"]) and not task_data.is_task_source([spec, spec])
   out = str(tmp_path / "ps")
   m = prepare.ensure_prepared(out, [spec], tokenizer="byte")  # the trainer's entry point
   assert m["task"]["doc_len"] == 3 * 4 - 1 + 4 + 3 + 1

@@ -45,8 +45,8 @@ LABELLED_TASKS = ("s5", "arithmetic")
 
 
 def is_task_source(sources: Sequence[str]) -> bool:
-  """True for one source `task:path_star:...` or `task:countdown:...` (other task: sources,
-  such as S5's, are written by their own modules)."""
+  """True for one source `task:<name>:...` of a generated task: the planning tasks (written
+  here) or the labelled ones (S5, arithmetic: written by their own modules)."""
   return len(sources) == 1 and any(str(sources[0]).split(":")[:2] == ["task", t] for t in TASKS + LABELLED_TASKS)
 
 
