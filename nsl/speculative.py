@@ -140,8 +140,8 @@ class Decoder:
         nxt = jax.random.categorical(keys[k + 1], jnp.log(jnp.maximum(law, 1e-30)), axis=-1).astype(jnp.int32)
       return n_acc, drafts_BK, nxt, h[:, n_acc], cache
 
-    def plain_loop(p, prompt_BN, keys_T):
-      n, new = prompt_BN.shape[1], keys_T.shape[0]
+    def plain_loop(p, prompt_BN, rng, new: int):
+      n, keys_T = prompt_BN.shape[1], jax.random.split(rng, new)
       cache = init_cache(dims, 1, n + new + 1)
       tok, _, cache = prefill(p, cache, prompt_BN, keys_T[0])
 
@@ -180,14 +180,14 @@ class Decoder:
 
     # Whole generations run on the device (a scan, a while loop): the comparison measures
     # decoding, not one host round trip per token or per round.
-    self._plain = jax.jit(plain_loop)
+    self._plain = jax.jit(plain_loop, static_argnums=3)
     self._spec = jax.jit(spec_loop, static_argnums=3)
 
   def generate(self, prompt, new_tokens: int, rng=None) -> np.ndarray:
     """Plain KV-cache decoding: `new_tokens` tokens after `prompt` [N] (one trunk call each)."""
     rng = jax.random.PRNGKey(0) if rng is None else rng
     prompt = jnp.asarray(prompt, jnp.int32).reshape(1, -1)
-    return np.asarray(self._plain(self.params, prompt, jax.random.split(rng, new_tokens)))
+    return np.asarray(self._plain(self.params, prompt, rng, int(new_tokens)))
 
   def generate_speculative(self, prompt, new_tokens: int, rng=None) -> tuple[np.ndarray, dict[str, Any]]:
     """Self-speculative decoding; returns (tokens [new_tokens], stats with the accepted drafts
