@@ -73,10 +73,14 @@ def make_train_step(family, optimizer: optax.GradientTransformation, schedule: o
 
 
 def make_eval_step(family) -> Callable:
-  """(params, batch) -> (sum of per-target NLL, number of targets) for exact corpus means."""
+  """(params, batch) -> (sum of per-target NLL, number of targets) for exact corpus means.
+
+  The NLL is the next-token cross-entropy: a family whose training loss adds auxiliary terms
+  (NextLat's latent losses, MTP's extra heads, LIFT's KL) reports it as metric `ce`, and that,
+  not the total, is evaluated, so `eval_val_nll` compares across families."""
 
   def eval_step(params, batch):
     loss, metrics = family.loss(params, batch, jax.random.PRNGKey(0), jnp.zeros((), jnp.int32))
-    return loss * metrics["weight"], metrics["weight"]
+    return metrics.get("ce", loss) * metrics["weight"], metrics["weight"]
 
   return eval_step

@@ -145,3 +145,13 @@ def test_gpt_variant_and_mtp():
   loss, m = fam.loss(params, _batch(), None, 0)
   np.testing.assert_allclose(loss, (m["ce"] + m["ce_head_2"] + m["ce_head_3"]) / 3, rtol=1e-6)
   assert np.isfinite(fam.flops_per_token())
+
+
+def test_eval_nll_is_the_next_token_ce_not_the_total_loss(setup):
+  from nsl.train import step as step_lib
+
+  fam, params = setup
+  loss, metrics = fam.loss(params, _batch(), jax.random.PRNGKey(0), jnp.zeros((), jnp.int32))
+  total_nll, weight = step_lib.make_eval_step(fam)(params, _batch())
+  np.testing.assert_allclose(total_nll / weight, metrics["ce"], rtol=1e-6)
+  assert float(loss) > float(metrics["ce"]) + 1e-3  # the latent terms are in the training loss only
