@@ -1,4 +1,4 @@
-"""The GPT baseline on path-star G_{5,5}: configs/nextlat_path_star.py without the dynamics
+"""The GPT baseline on path-star G_{2,5}: configs/nextlat_path_star.py without the dynamics
 model (family nextlat, variant gpt: same trunk, prompt masking, steps and data).
 
   python -m nsl.launch --config=configs/gpt_path_star.py --workdir=runs/gpt_path_star

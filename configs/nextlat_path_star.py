@@ -1,7 +1,6 @@
 """NextLat on path-star at CPU scale (REFERENCES §4: paper G_{5,5} etc., 12L/6H/384d, batch 512,
-20k steps, λ_h = λ_KL = 1, MLP hidden 384; here G_{2,5}, 3L/4H/96d, batch 32, 1000 steps on
-20k training graphs, sized for a few minutes on a shared 2-core CPU; `path_star_data(c, d=5)`
-gives G_{5,5}).
+20k steps, λ_h = λ_KL = 1, MLP hidden 384; here G_{2,5}, 3L/4H/96d, batch 64, 3000 steps on
+20k training graphs (≈ 12 minutes on 2 CPU cores); `path_star_data(c, d=5)` gives G_{5,5}).
 
   python -m nsl.launch --config=configs/nextlat_path_star.py --workdir=runs/nextlat_path_star
   python -m nsl.evals.planning --workdir=runs/nextlat_path_star
@@ -36,16 +35,16 @@ def small_model(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.model.n_layers = 3
   c.model.n_heads = 4
   c.model.d_ff = 288
-  c.train.batch_size = 32
-  c.train.steps = 1000
+  c.train.batch_size = 64
+  c.train.steps = 3000
   c.train.lr = 2e-3
   c.train.warmup_steps = 50
-  c.train.decay_steps = 200
+  c.train.decay_steps = 600
   c.train.weight_decay = 0.1
   c.train.log_every = 50
-  c.train.eval_every = 500
+  c.train.eval_every = 1000
   c.train.eval_batches = 4
-  c.checkpoint.every = 500
+  c.checkpoint.every = 1000
   return c
 
 
