@@ -15,7 +15,8 @@ Standard (and any non-LIFT) models run the sequence in parallel; LIFT-family mod
 their own states token by token with the KV cache (`LiftFamily.feedback_logits`; `--feed=bias`
 switches the channel off). Prints a table (rows N or m, one column per run), writes
 `length_generalization.json` and `length_generalization.png` to --out (default: the first run's
-parent directory), and records `length_generalization` in each run's result.json.
+parent directory), and records `length_generalization` (`length_generalization_feed_bias` with
+`--feed=bias`) in each run's result.json.
 """
 
 from __future__ import annotations
@@ -187,7 +188,9 @@ def main(argv=None) -> int:
     if os.path.isfile(rpath):
       with open(rpath) as f:
         record = json.load(f)
-      record["length_generalization"] = {"per_length": a.per_length, "feed": a.feed,
+      # One record per feed, so a channel-off evaluation never replaces the own-state one.
+      key = "length_generalization" if a.feed == "own" else f"length_generalization_feed_{a.feed}"
+      record[key] = {"per_length": a.per_length, "feed": a.feed,
                                          "accuracy": {str(n): v for n, v in acc.items()}}
       with open(rpath, "w") as f:
         json.dump(record, f, indent=1)

@@ -48,6 +48,7 @@ def test_s5_table_matches_a_direct_forward_pass(task_dirs, tmp_path, capsys):
   s5_dir, _ = task_dirs
   std, fam, params = fake_run(str(tmp_path / "std"), _config(s5_dir, 136, 17))
   lift_run, _, _ = fake_run(str(tmp_path / "lift"), _config(s5_dir, 136, 17, "lift"))
+  (tmp_path / "lift" / "result.json").write_text('{"status": "done"}')
   assert lg.main([f"--runs={std},{lift_run}", "--lengths=1-3,8", "--per_length=5", "--batch_size=4",
                   f"--out={tmp_path / 'out'}"]) == 0
   record = json.load(open(tmp_path / "out" / "length_generalization.json"))
@@ -57,6 +58,11 @@ def test_s5_table_matches_a_direct_forward_pass(task_dirs, tmp_path, capsys):
   assert record["accuracy"]["std"]["3"] == pytest.approx(want)
   assert "chance_from" in record["runs"]["lift"] and (tmp_path / "out" / "length_generalization.png").is_file()
   assert "chance = 0.008" in capsys.readouterr().out
+  # the channel-off evaluation is recorded beside the own-state one, not over it
+  assert lg.main([f"--runs={lift_run}", "--lengths=2", "--per_length=5", "--feed=bias", f"--out={tmp_path / 'b'}"]) == 0
+  result = json.load(open(tmp_path / "lift" / "result.json"))
+  assert result["length_generalization"]["feed"] == "own"
+  assert result["length_generalization_feed_bias"]["accuracy"].keys() == {"2"}
 
 
 def test_arithmetic_scores_every_answer_token_and_tasks_do_not_mix(task_dirs, tmp_path):
