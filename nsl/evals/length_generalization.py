@@ -84,13 +84,14 @@ def accuracy_by_length(family, params, heldout: dict, lengths: list[int], per_le
     fwd = jax.jit(lambda p, t: family.feedback_logits(p, t, feed=feed))
   else:
     fwd = jax.jit(lambda p, t: family.model.apply({"params": p}, t, jnp.ones_like(t)))
-  # Causal models: the prediction at position N depends only on tokens <= N, so every S5 length
-  # is padded to one width and read at its own last position (one compiled shape for all N).
-  width = max(lengths) + 1 if task == "s5" else next(iter(heldout.values()))[0].shape[1]
+  # Causal models: the prediction at position N depends only on tokens <= N, so each S5 length
+  # is padded to the next multiple of 16 and read at its own last position: a few compiled
+  # shapes, and a LIFT model's sequential feedback runs ~N steps, not max(N).
   out = {}
   for n in lengths:
     if n not in heldout:
       raise NslError(f"the held-out set has no rows for {TASKS[task]['axis']} {n} (has {min(heldout)}..{max(heldout)})")
+    width = -(-(n + 1) // 16) * 16 if task == "s5" else heldout[n][0].shape[1]
     tokens, labels = heldout[n]
     tokens, labels = tokens[:per_length], labels[:per_length]
     padded = np.zeros((len(tokens), width), np.int32)
