@@ -73,7 +73,7 @@ def load_run(workdir: str):
 
 
 def accuracy_by_length(family, params, heldout: dict, lengths: list[int], per_length: int, feed: str = "own",
-                       batch_size: int = 500, task: str = "s5") -> dict[int, float]:
+                       batch_size: int = 2000, task: str = "s5") -> dict[int, float]:
   """{N: accuracy} of one model on the held-out sets: the final state (S5), or every labelled
   answer position (arithmetic, whose held-out windows all have one width)."""
   import jax
@@ -159,7 +159,7 @@ def main(argv=None) -> int:
   p.add_argument("--runs", required=True, help="comma-separated run directories")
   p.add_argument("--lengths", default="", help="rows, e.g. 1-16,20,32 (default: the task's)")
   p.add_argument("--per_length", type=int, default=2000)
-  p.add_argument("--batch_size", type=int, default=500)
+  p.add_argument("--batch_size", type=int, default=2000)
   p.add_argument("--data", default="", help="S5 / arithmetic task dir (default: each run's data.path)")
   p.add_argument("--feed", default="own", choices=("own", "bias"), help="LIFT state channel at test")
   p.add_argument("--out", default="")

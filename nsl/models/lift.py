@@ -79,6 +79,8 @@ def state_from_logits(logits_V, top_k: int, temperature: float):
   """Top-k temperature softmax scattered back to the vocabulary: float32 [..., V], <= k non-zeros."""
   logits_V = logits_V.astype(jnp.float32)
   k = min(int(top_k), logits_V.shape[-1])
+  if k == logits_V.shape[-1]:  # the whole vocabulary: no sort, no scatter (S5 decodes with this)
+    return jax.nn.softmax(logits_V / temperature, axis=-1)
   vals, idx = jax.lax.top_k(logits_V, k)
   probs = jax.nn.softmax(vals / temperature, axis=-1)
   return scatter_topk(idx, probs, logits_V.shape[-1])
@@ -256,15 +258,18 @@ def _cached_step(dims: layers.Dims, model: LiftLM, params, cache, tok_B, fed_BD,
   pos = jnp.reshape(t, (1,))
   attn_mod, norm, mlp = layers.Attention(dims), layers.RMSNorm(dims.norm_eps), layers.SwiGLU(dims)
   tmax = cache.shape[3]
-  new_cache = []
+  zero, t32 = jnp.zeros((), jnp.int32), jnp.asarray(t, jnp.int32)
   for i in range(dims.n_layers):
     b = ("trunk", f"block_{i}")
     h = norm.apply(_sub(params, *b, "attn_norm"), x)
     q = attn_mod.apply(_sub(params, *b, "attn"), h, pos, method=layers.Attention.project_q)
     k, v = attn_mod.apply(_sub(params, *b, "attn"), h, pos, method=layers.Attention.project_kv)
-    kc = jax.lax.dynamic_update_slice_in_dim(cache[i, 0], k.astype(cache.dtype), t, axis=1)
-    vc = jax.lax.dynamic_update_slice_in_dim(cache[i, 1], v.astype(cache.dtype), t, axis=1)
-    new_cache.append(jnp.stack([kc, vc]))
+    # Whole-array updates keep the scan-carried cache in place (restacking it copied the whole
+    # cache at every position).
+    for j, new in enumerate((k, v)):
+      at = (jnp.int32(i), jnp.int32(j), zero, t32, zero, zero)
+      cache = jax.lax.dynamic_update_slice(cache, new[None, None].astype(cache.dtype), at)
+    kc, vc = cache[i, 0], cache[i, 1]
     s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), kc.astype(jnp.float32)) / math.sqrt(dims.head_dim)
     s = jnp.where((jnp.arange(tmax) <= t)[None, None, None, :], s, -jnp.inf)
     o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), vc.astype(jnp.float32)).astype(x.dtype)
@@ -272,7 +277,7 @@ def _cached_step(dims: layers.Dims, model: LiftLM, params, cache, tok_B, fed_BD,
     x = x + mlp.apply(_sub(params, *b, "mlp"), norm.apply(_sub(params, *b, "mlp_norm"), x))
   x = norm.apply(_sub(params, "trunk", "final_norm"), x)
   logits = model.apply({"params": params}, x, method=LiftLM.logits)[:, 0]
-  return logits, jnp.stack(new_cache)
+  return logits, cache
 
 
 def _own_state_scan(dims, spec, model, params, tokens_BT, choose_token=None, feed: str = "own"):

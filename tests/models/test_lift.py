@@ -57,6 +57,8 @@ def test_state_of_known_logits_is_topk_temperature_softmax():
   want[[4, 0, 1]] = e / e.sum()
   np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
   assert np.count_nonzero(got) == 3 and abs(got.sum() - 1) < 1e-6
+  full = np.asarray(lift.state_from_logits(logits, top_k=99, temperature=1.5))  # k >= V: every logit
+  np.testing.assert_allclose(full, np.exp(logits / 1.5) / np.exp(logits / 1.5).sum(), rtol=1e-6)
   # k >= V is a plain temperature softmax; batched shapes are kept.
   full = lift.state_from_logits(jnp.stack([logits, -logits]), top_k=100, temperature=2.0)
   np.testing.assert_allclose(full, jax.nn.softmax(jnp.stack([logits, -logits]) / 2.0), rtol=1e-6)
