@@ -191,8 +191,7 @@ def main(argv=None) -> int:
         record = json.load(f)
       # One record per feed, so a channel-off evaluation never replaces the own-state one.
       key = "length_generalization" if a.feed == "own" else f"length_generalization_feed_{a.feed}"
-      record[key] = {"per_length": a.per_length, "feed": a.feed,
-                                         "accuracy": {str(n): v for n, v in acc.items()}}
+      record[key] = {"per_length": a.per_length, "feed": a.feed, "accuracy": {str(n): v for n, v in acc.items()}}
       with open(rpath, "w") as f:
         json.dump(record, f, indent=1)
   print(format_table(names, results, lengths, task))
