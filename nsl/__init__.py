@@ -1,3 +1,24 @@
 """nsl: pretraining research on transformers that separate state from prediction."""
 
 __version__ = "0.1.0"
+
+
+def _leave_out_absent_tpu() -> None:
+  """With libtpu installed (the `[tpu]` extra, which `nsl.compile` needs on any host) but no TPU
+  chip on this machine, JAX would still try to start a TPU client at its first device query, and
+  libtpu prints a screen of warnings to stderr on every command. Drop JAX's TPU backend factory
+  when the hardware scan finds no chip and the user has not chosen platforms. Compile-only TPU
+  topologies (`jax.experimental.topologies`) load libtpu directly and are unaffected."""
+  import os
+
+  if os.environ.get("JAX_PLATFORMS") or os.environ.get("JAX_FORCE_TPU_INIT"):
+    return
+  try:
+    from jax._src import hardware_utils, xla_bridge  # private, hence the guard
+    if hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0:
+      xla_bridge._backend_factories.pop("tpu", None)  # pylint: disable=protected-access
+  except Exception:  # another JAX version: at worst the warnings come back
+    pass
+
+
+_leave_out_absent_tpu()
