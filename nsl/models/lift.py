@@ -72,6 +72,7 @@ from nsl.models.transformer import standard_rule
 VARIANTS = ("lift", "lift_no_states", "distill", "lift_rnn")
 DROPOUT_MODES = ("sequence", "prefix")
 ADAPT_SEEDS = ("bias", "teacher")
+EVAL_FEEDS = ("own", "teacher", "bias")  # `LiftFamily.token_logits`, `nsl.evals.nll --feed`
 
 
 # -- definitions --------------------------------------------------------------------------------
@@ -252,13 +253,23 @@ def _sub(params, *path):
   return {"params": params}
 
 
-def _cached_step(dims: layers.Dims, model: LiftLM, params, cache, tok_B, fed_BD, t):
-  """One position through the trunk with the K/V cache [L, 2, B, Tmax, H, Dh]; -> logits [B, V]."""
+def _cached_step(dims: layers.Dims, model: LiftLM, params, cache, tok_B, fed_BD, t, seg_BK, window=None):
+  """One position through the trunk with the K/V cache [L, 2, B, Tmax, H, Dh]; -> logits [B, V].
+
+  Position t sees the cached keys k <= t of its own document (`seg_BK[:, k] == seg_BK[:, t]`;
+  within `window` positions when set), exactly the parallel forward's rule (causal, same
+  segment, persistent window). RoPE positions are row positions as in the parallel forward;
+  attention only sees their differences, so a document's logits do not depend on where it
+  starts in the row."""
   x = model.apply({"params": params}, tok_B[:, None], None if fed_BD is None else fed_BD[:, None], method=LiftLM.embed)
   pos = jnp.reshape(t, (1,))
   attn_mod, norm, mlp = layers.Attention(dims), layers.RMSNorm(dims.norm_eps), layers.SwiGLU(dims)
   tmax = cache.shape[3]
   zero, t32 = jnp.zeros((), jnp.int32), jnp.asarray(t, jnp.int32)
+  keys = jnp.arange(tmax)
+  vis_BK = (keys <= t)[None, :] & (seg_BK == jax.lax.dynamic_index_in_dim(seg_BK, t, axis=1, keepdims=True))
+  if window is not None:
+    vis_BK = vis_BK & (t - keys <= window)[None, :]
   for i in range(dims.n_layers):
     b = ("trunk", f"block_{i}")
     h = norm.apply(_sub(params, *b, "attn_norm"), x)
@@ -271,7 +282,7 @@ def _cached_step(dims: layers.Dims, model: LiftLM, params, cache, tok_B, fed_BD,
       cache = jax.lax.dynamic_update_slice(cache, new[None, None].astype(cache.dtype), at)
     kc, vc = cache[i, 0], cache[i, 1]
     s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), kc.astype(jnp.float32)) / math.sqrt(dims.head_dim)
-    s = jnp.where((jnp.arange(tmax) <= t)[None, None, None, :], s, -jnp.inf)
+    s = jnp.where(vis_BK[:, None, None, :], s, -jnp.inf)
     o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), vc.astype(jnp.float32)).astype(x.dtype)
     x = x + attn_mod.apply(_sub(params, *b, "attn"), o, method=layers.Attention.output)
     x = x + mlp.apply(_sub(params, *b, "mlp"), norm.apply(_sub(params, *b, "mlp_norm"), x))
@@ -280,31 +291,38 @@ def _cached_step(dims: layers.Dims, model: LiftLM, params, cache, tok_B, fed_BD,
   return logits, cache
 
 
-def _own_state_scan(dims, spec, model, params, tokens_BT, choose_token=None, feed: str = "own"):
-  """Sequential decode: position t is fed the state of the logits at t-1 (own) or b (bias)."""
+def _own_state_scan(dims, spec, model, params, tokens_BT, choose_token=None, feed: str = "own", segment_BT=None):
+  """Sequential decode: position t is fed the state of the logits at t-1 (own) or b (bias); the
+  first position of every document (a change of `segment_BT`, default one document per row) is
+  fed the learned initial state (own) or b and sees only its own document's cache."""
   B, T = tokens_BT.shape
   cache = jnp.zeros((dims.n_layers, 2, B, T, dims.n_heads, dims.head_dim), dims.compute_dtype)
+  seg = jnp.ones((B, T), jnp.int32) if segment_BT is None else jnp.asarray(segment_BT, jnp.int32)
   p = params
   d = dims.d_model
+  window = model.rule.persistent_window
 
   def se_of(probs_BV):
     return jnp.einsum("bv,vd->bd", probs_BV, p["embed"]["embedding"].astype(jnp.float32))
 
+  if spec.has_channel:
+    first = jnp.broadcast_to((p["init_state"] if feed == "own" else p["state_bias"]).astype(jnp.float32), (B, d))
+  else:
+    first = jnp.zeros((B, d), jnp.float32)
+
   def body(carry, t):
     cache, fed, prev_tok = carry
     tok = tokens_BT[:, t] if choose_token is None else choose_token(t, prev_tok)
-    logits, cache = _cached_step(dims, model, p, cache, tok, fed if spec.has_channel else None, t)
+    seg_t = jax.lax.dynamic_index_in_dim(seg, t, axis=1, keepdims=False)
+    seg_prev = jax.lax.dynamic_index_in_dim(seg, jnp.maximum(t - 1, 0), axis=1, keepdims=False)
+    fed = jnp.where(((t == 0) | (seg_t != seg_prev))[:, None], first, fed)
+    logits, cache = _cached_step(dims, model, p, cache, tok, fed if spec.has_channel else None, t, seg, window)
     if spec.has_channel:
       fed = (se_of(state_from_logits(logits, spec.top_k, spec.temperature)) if feed == "own"
              else jnp.broadcast_to(p["state_bias"].astype(jnp.float32), (B, d)))
     return (cache, fed, jnp.argmax(logits, -1).astype(tokens_BT.dtype)), (logits, tok)
 
-  if spec.has_channel:
-    first = p["init_state"] if feed == "own" else p["state_bias"]
-    fed0 = jnp.broadcast_to(first.astype(jnp.float32), (B, d))
-  else:
-    fed0 = jnp.zeros((B, d), jnp.float32)
-  _, (logits_TBV, toks_TB) = jax.lax.scan(body, (cache, fed0, tokens_BT[:, 0]), jnp.arange(T))
+  _, (logits_TBV, toks_TB) = jax.lax.scan(body, (cache, first, tokens_BT[:, 0]), jnp.arange(T))
   return jnp.swapaxes(logits_TBV, 0, 1), jnp.swapaxes(toks_TB, 0, 1)
 
 
@@ -399,6 +417,16 @@ class LiftFamily(Family):
   def fed(self, params, probs, seg_in, drop=None):
     return self.model.apply({"params": params}, probs, seg_in, drop, method=LiftLM.fed_states)
 
+  def rnn_fed_states(self, params, inputs, seg_in, model=None):
+    """LIFT-RNN's fed states: one no-gradient cached pass, exactly inference (own states fed back
+    token by token, the initial state at every document start, no attention across documents),
+    whose states the parallel gradient pass is fed (shifted, the initial state at document starts)."""
+    s = self.spec
+    sg = jax.lax.stop_gradient(params)
+    own, _ = _own_state_scan(self.dims, s, model or self.model, sg, inputs, segment_BT=seg_in)
+    probs = jax.lax.stop_gradient(state_from_logits(own, s.top_k, s.temperature))
+    return self.fed(params, probs, seg_in)
+
   def loss(self, params, batch, rng, step):
     s = self.spec
     inputs, targets, seg_in, weights = layers.next_token_targets(batch)
@@ -418,9 +446,7 @@ class LiftFamily(Family):
       return loss + s.kl_weight * kl, {"weight": w, "ce": loss, "kl": kl}
 
     if s.variant == "lift_rnn":
-      own, _ = _own_state_scan(self.dims, s, self.model, jax.lax.stop_gradient(params), inputs)
-      probs = jax.lax.stop_gradient(state_from_logits(own, s.top_k, s.temperature))
-      logits = apply(self.fed(params, probs, seg_in))
+      logits = apply(self.rnn_fed_states(params, inputs, seg_in))
       loss, w = ce(logits)
       metrics = {"weight": w, "ce": loss}
       if s.teacher:
@@ -459,11 +485,51 @@ class LiftFamily(Family):
     return total, {"weight": w, "ce": loss, "kl": kl}
 
   # -- inference --------------------------------------------------------------------------------
-  def feedback_logits(self, params, tokens_BT, feed: str = "own"):
+  def feedback_logits(self, params, tokens_BT, feed: str = "own", segment_BT=None, model=None):
     """Teacher-forced tokens, fed the model's own states (`feed='own'`) or b (`'bias'`), with a
-    KV cache: logits [B, T, V]. Rows are single documents."""
-    logits, _ = _own_state_scan(self.dims, self.spec, self.model, params, tokens_BT, feed=feed)
+    KV cache: logits [B, T, V]. `segment_BT` (default: one document per row) splits packed rows
+    into documents, each decoded as if alone (initial state, no attention across documents)."""
+    logits, _ = _own_state_scan(self.dims, self.spec, model or self.model, params, tokens_BT, feed=feed,
+                                segment_BT=segment_BT)
     return logits
+
+  @property
+  def inference_feed(self) -> str:
+    """What this run feeds itself at inference: its own states (lift, lift_rnn); b for
+    lift_no_states (the ablation is trained and used with the channel off); nothing for distill."""
+    return {"lift_no_states": "bias", "distill": "none"}.get(self.spec.variant, "own")
+
+  def token_logits(self, params, batch, model=None, feed: str = "own"):
+    """Next-token logits [B, T, V] aligned with `layers.next_token_targets(batch)`, packed rows
+    document by document, under a state feed (EVAL_FEEDS):
+      own      the states the run feeds itself at inference (`inference_feed`): for lift and
+               lift_rnn its own states fed back sequentially with the KV cache; the paper's
+               metric, and what a LIFT-family teacher produces (`nsl.models.teacher`);
+      teacher  the teacher's states fed in parallel (the teacher phase of training, no dropout);
+      bias     b at every position (channel off; parallel).
+    distill has no channel: every feed is the plain forward."""
+    if feed not in EVAL_FEEDS:
+      raise ConfigError(f"feed={feed!r} must be one of {EVAL_FEEDS}")
+    inputs, targets, seg_in, weights = layers.next_token_targets(batch)
+    m = model or self.model
+    apply = lambda fed: m.apply({"params": params}, inputs, seg_in, fed)
+    if not self.spec.has_channel:
+      return apply(None)
+    if feed == "own":
+      feed = self.inference_feed
+    if feed == "own":
+      return self.feedback_logits(params, inputs, "own", seg_in, m)
+    if feed == "teacher":
+      if not self.spec.teacher:
+        raise ConfigError(f"feed='teacher': run of variant {self.spec.variant!r} has no teacher (config.lift.teacher)")
+      return apply(self.fed(params, self.teacher_states(batch, targets, weights), seg_in))
+    return apply(None)  # b everywhere
+
+  def eval_nll(self, params, batch, feed: str = "own"):
+    """(sum of per-target NLL, number of targets) under a state feed (`token_logits`)."""
+    _, targets, _, weights = layers.next_token_targets(batch)
+    ce, w = layers.masked_cross_entropy(self.token_logits(params, batch, feed=feed), targets, weights)
+    return ce * w, w
 
   def recompute_feedback_logits(self, params, tokens_BT):
     """Reference for `feedback_logits`: for t = 1..T rerun the whole prefix in parallel, fed the

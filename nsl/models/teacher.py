@@ -2,8 +2,10 @@
 
 On the fly: `config.lift.teacher = RUN_DIR`; `Teacher.load` restores the run's latest parameters
 (frozen: they are constants of the student's step, never in its optimizer) and
-`LiftFamily.teacher_states` turns its teacher-forced logits into top-k τ states, computed for
-all positions in parallel.
+`LiftFamily.teacher_states` turns its teacher-forced inference logits (`Teacher.logits`) into
+top-k τ states: for a standard teacher one parallel forward; for a LIFT-family teacher (LIFT or
+LIFT-RNN, the usual S5 teacher) its own states fed back sequentially with its KV cache, document
+by document, exactly what that run produces at inference.
 
 Precomputed (reused across runs):
 
@@ -96,7 +98,14 @@ def check_same_tokenizer(teacher_config, student_config, teacher_dir: str) -> No
 
 
 class Teacher:
-  """A frozen nsl model: `logits(batch)` = its teacher-forced next-token logits [B, T, V_teacher]."""
+  """A frozen nsl model: `logits(batch)` = the next-token logits [B, T, V_teacher] the run
+  produces at inference, teacher-forced on the batch's tokens (packed rows document by document).
+
+  For most families that is one parallel forward. A LIFT-family teacher (lift, lift_rnn) feeds
+  back its own states token by token with its KV cache, the initial state at every document
+  start (`LiftFamily.token_logits(feed='own')`): T sequential steps per row, so for long text
+  windows precompute the states once. lift_no_states is fed b (its inference), distill has no
+  channel. On-the-fly teachers and `precompute` both go through this method."""
 
   def __init__(self, config, family, params, workdir: str = ""):
     self.config, self.family, self.params, self.workdir = config, family, params, workdir
@@ -113,18 +122,11 @@ class Teacher:
     import jax
     import jax.numpy as jnp
 
-    from nsl.models import layers
+    from nsl.evals import common
 
     p = self.params if params is None else params
     plain = {k: batch[k] for k in ("tokens", "segment") if k in batch}
-    if hasattr(self.family, "token_logits"):
-      out = self.family.token_logits(p, plain)
-    else:
-      inputs, _, seg_in, _ = layers.next_token_targets(plain)
-      if getattr(self.family, "name", "") == "lift":
-        out = self.family.model.apply({"params": p}, inputs, seg_in)  # channel off (bias states)
-      else:
-        out = self.family.model.apply({"params": p}, inputs, seg_in)
+    out = common.token_logits(self.family, p, plain)  # family.token_logits (LIFT: own states) or the model
     return jax.lax.stop_gradient(jnp.asarray(out, jnp.float32))
 
 
