@@ -268,3 +268,127 @@ def test_bad_lift_fields_are_config_errors(field, value, match):
 
   with pytest.raises(ConfigError, match=match):
     lift.LiftFamily.validate(tiny_config(**{field: value}))
+
+
+# -- packed documents and LIFT-family teachers (issue 15) ----------------------------------------
+def loud(params, scale=0.3, seed=3):
+  """Parameters whose state channel matters (at init the fusion moves the logits by ~1e-2)."""
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+  return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
+
+
+def loud_run(workdir, config):
+  """A run dir like tests.helpers.fake_run, with `loud` parameters: (workdir, family, params)."""
+  import json
+  import os
+
+  from nsl import checkpoint
+  from nsl import config as nsl_config
+  from nsl.models import registry
+  from nsl.train import state as train_state
+
+  os.makedirs(workdir)
+  fam = registry.get_family(config)
+  st = train_state.create(loud(nn.unbox(fam.init(jax.random.PRNGKey(7)))), train_state.make_optimizer(config))
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(nsl_config.to_dict(config), f)
+  ck = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), keep=1, async_save=False)
+  ck.save(1, st, None, {}, force=True)
+  ck.close()
+  return workdir, fam, st.params
+
+
+SEGMENTS = np.array([[1, 1, 1, 1, 2, 2, 2, 2, 2], [1, 1, 1, 1, 1, 1, 2, 2, 3]], np.int32)
+
+
+def packed_batch(seed=0, vocab=V):
+  rng = np.random.default_rng(seed)
+  return {"tokens": jnp.asarray(rng.integers(0, vocab - 1, SEGMENTS.shape).astype(np.int32)),
+          "segment": jnp.asarray(SEGMENTS)}
+
+
+def per_document(fn, inputs, seg):
+  """fn(tokens [1, n]) -> [1, n, ...] applied to every document of every row alone, reassembled."""
+  rows = []
+  for r in range(inputs.shape[0]):
+    s = np.asarray(seg[r])
+    rows.append(jnp.concatenate([fn(inputs[r:r + 1, s == d])[0] for d in np.unique(s)], 0))
+  return jnp.stack(rows)
+
+
+def test_lift_rnn_training_keeps_packed_documents_apart():
+  fam, params = family_and_params("lift_rnn")
+  params = loud(params)
+  b = packed_batch()
+  inputs, targets, seg, w = layers.next_token_targets(b)
+  train_logits = jax.jit(lambda toks, sg: fam.model.apply({"params": params}, toks, sg,
+                                                          fam.rnn_fed_states(params, toks, sg)))
+  base = train_logits(inputs, seg)
+  changed = inputs.at[0, 1].set((inputs[0, 1] + 1) % (V - 1))  # a document-1 token of row 0
+  moved = train_logits(changed, seg)
+  doc2 = np.asarray(seg[0]) == 2
+  np.testing.assert_allclose(moved[0, doc2], base[0, doc2], rtol=0, atol=1e-5)
+  assert float(jnp.abs(moved[0, 1:4] - base[0, 1:4]).max()) > 1e-2  # document 1 itself does move
+  # Every document is trained exactly as if it were alone in its row (initial state at its start).
+  alone = per_document(lambda t: train_logits(t, jnp.ones_like(t)), inputs, seg)
+  np.testing.assert_allclose(base, alone, rtol=1e-4, atol=1e-5)
+  _, m = jax.jit(fam.loss)(params, b, jax.random.PRNGKey(0), jnp.asarray(0))
+  np.testing.assert_allclose(m["ce"], layers.masked_cross_entropy(base, targets, w)[0], rtol=1e-5)
+  # The sequential pass it is fed is the inference decode, document by document.
+  fb = fam.feedback_logits(params, inputs, segment_BT=seg)
+  np.testing.assert_allclose(fb, per_document(lambda t: fam.recompute_feedback_logits(params, t), inputs, seg),
+                             rtol=1e-4, atol=1e-4)
+
+
+def test_eval_feeds():
+  fam, params = family_and_params("lift")
+  params = loud(params)
+  b = packed_batch(1)
+  inputs, targets, seg, w = layers.next_token_targets(b)
+  own = fam.token_logits(params, b)
+  np.testing.assert_allclose(own, fam.feedback_logits(params, inputs, segment_BT=seg), rtol=1e-6)
+  teacher = fam.token_logits(params, b, feed="teacher")
+  np.testing.assert_allclose(teacher, _ce_kl(fam, params, b, fam.fed(params, jax.nn.one_hot(targets, V) * w[..., None], seg))[1],
+                             rtol=1e-5)
+  bias = fam.token_logits(params, b, feed="bias")
+  np.testing.assert_allclose(bias, fam.model.apply({"params": params}, inputs, seg), rtol=1e-6)
+  nlls = {f: float(fam.eval_nll(params, b, f)[0]) for f in lift.EVAL_FEEDS}
+  assert len(set(nlls.values())) == 3
+  # lift_no_states is used with b at inference, so its "own" feed is b; distill has no channel.
+  fam_ns, _ = family_and_params("lift_no_states")
+  np.testing.assert_allclose(fam_ns.token_logits(params, b), bias, rtol=1e-6)
+  fam_d, params_d = family_and_params("distill")
+  np.testing.assert_allclose(fam_d.token_logits(params_d, b, feed="teacher"), fam_d.token_logits(params_d, b))
+
+
+def test_lift_rnn_teacher_states_are_its_own_feedback(tmp_path):
+  from nsl.data import pipeline
+  from nsl.models import teacher as teacher_lib
+
+  data = _tiny_task_dir(tmp_path)
+  tc = tiny_config("lift_rnn", top_k=4)
+  tc.model.vocab_size, tc.data.path, tc.data.sources, tc.data.tokenizer = 136, data, ("task:s5",), "task:s5"
+  run, tfam, tparams = loud_run(str(tmp_path / "lift_rnn"), tc)
+
+  sc = tiny_config("lift", teacher=run, top_k=4)
+  sc.model.vocab_size, sc.data.path, sc.data.tokenizer = 136, data, "task:s5"
+  fam = lift.LiftFamily(sc)
+  b = packed_batch(2, vocab=136)
+  inputs, targets, seg, w = layers.next_token_targets(b)
+  states = fam.teacher_states(b, targets, w)
+  own = per_document(lambda t: tfam.feedback_logits(tparams, t), inputs, seg)  # each document decoded alone
+  np.testing.assert_allclose(states, lift.state_from_logits(own, 4, 1.5), rtol=1e-4, atol=1e-5)
+  bias_fed = lift.state_from_logits(tfam.model.apply({"params": tparams}, inputs, seg), 4, 1.5)
+  assert float(jnp.abs(states - bias_fed).max()) > 1e-2
+
+  # precompute goes through the same Teacher.logits
+  out = str(tmp_path / "s5_lift_rnn_states")
+  teacher_lib.precompute(run, data, out, seq_len=8, top_k=4, batch_size=3)
+  pb = {k: jnp.asarray(v) for k, v in next(pipeline.make_train_iterator(out, seq_len=8, global_batch_size=2, seed=0)).items()}
+  pc = tiny_config("lift", teacher="precomputed", top_k=4)
+  pc.model.vocab_size = 136
+  _, pt, _, pw = layers.next_token_targets(pb)
+  pre = lift.LiftFamily(pc).teacher_states(pb, pt, pw)
+  fly = fam.teacher_states({"tokens": pb["tokens"], "segment": pb["segment"]}, pt, pw)
+  np.testing.assert_allclose(pre, fly, atol=2e-3)
