@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import socket
+import time
+from typing import Any, Callable
 
 import grain
 import jax
 import orbax.checkpoint as ocp
 
 import nsl
-from nsl.errors import NslError
+from nsl.errors import ConfigError, NslError, disk_full_cause, disk_full_error, warn
 
 
 class _Snapshot:
@@ -43,12 +45,92 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
+  def all_steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def _disk_full(self, e: BaseException, state=None):
+    cause = disk_full_cause(e)
+    if cause is None:
+      return None
+    needed = getattr(self, "_state_bytes", None)
+    return disk_full_error(cause, where=self.directory, needed=needed)
+
   def save(self, step: int, state, data_iterator, metadata: dict[str, Any], force: bool = False) -> bool:
     meta = dict(metadata, step=int(step), process_count=jax.process_count(), nsl_version=nsl.__version__)
     args = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
     if data_iterator is not None:
       args["data"] = grain.checkpoint.CheckpointSave(_Snapshot(data_iterator.get_state()))
-    return self.manager.save(step, args=ocp.args.Composite(**args), force=force)
+    self._state_bytes = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(state))
+    try:
+      return self.manager.save(step, args=ocp.args.Composite(**args), force=force)
+    except Exception as e:
+      full = self._disk_full(e)
+      if full is not None:
+        raise full from e
+      raise
+
+  def restore_latest(self, abstract_state, data_iterator=None,
+                     check: Callable[[dict[str, Any]], None] | None = None):
+    """(step, state, meta) of the newest checkpoint that restores, or None when there is none.
+
+    A damaged step (missing or truncated files, an empty directory) is set aside as
+    `<step>.damaged` with a one-line warning and the next older one is tried; when every step is
+    damaged, one NslError names the directory. `check(meta)` runs first on each step and may
+    raise ConfigError (a resume with an incompatible config), which is not damage.
+    """
+    steps = self._step_dirs()
+    damaged = []
+    for step in sorted(steps, reverse=True):
+      try:
+        meta = self.metadata(step)
+        if check is not None:
+          check(meta)
+        state, meta = self.restore(step, abstract_state, data_iterator)
+      except NslError:
+        raise
+      except Exception as e:  # Orbax / Grain / JSON errors of a damaged step
+        full = self._disk_full(e)
+        if full is not None:
+          raise full from e
+        reason = f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
+        damaged.append(step)
+        older = [s for s in steps if s < step]
+        warn(f"checkpoint {self.directory}/{step} is damaged ({reason}); "
+             + (f"falling back to step {max(older)}" if older else "no older checkpoint")
+             + f"; it is kept as {step}.damaged")
+        self._set_aside(step)
+        continue
+      return step, state, meta
+    if damaged:
+      raise NslError(f"every checkpoint in {self.directory} is damaged (steps {sorted(damaged)}, kept as "
+                     "<step>.damaged); delete that directory to train from scratch, or use a new --workdir")
+    return None
+
+  def _step_dirs(self) -> list[int]:
+    """Step numbers of the directories here, finished or not (an empty or half-deleted step
+    directory is damage to report, not something to silently skip)."""
+    steps = set(self.all_steps())
+    try:
+      names = os.listdir(self.directory)
+    except OSError:
+      names = []
+    steps.update(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(self.directory, n)))
+    return sorted(steps)
+
+  def _set_aside(self, step: int) -> None:
+    if jax.process_index() == 0:
+      src = os.path.join(self.directory, str(step))
+      dst = os.path.join(self.directory, f"{step}.damaged")
+      if os.path.exists(dst):
+        dst = f"{dst}-{int(time.time())}"
+      try:
+        os.rename(src, dst)
+      except OSError:
+        pass
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices(f"nsl_ckpt_set_aside_{step}")
+    self.manager.reload()
 
   def restore(self, step: int, abstract_state, data_iterator=None):
     """Restores the state (resharded onto `abstract_state`'s shardings) and the iterator."""
@@ -67,11 +149,19 @@ class Checkpointer:
     return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:
+      full = self._disk_full(e)
+      if full is not None:
+        raise full from e
+      raise
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.manager.close()
+    try:
+      self.wait()
+    finally:
+      self.manager.close()
 
 
 def restore_params(path: str, abstract_state):
@@ -79,15 +169,115 @@ def restore_params(path: str, abstract_state):
   directory = path if os.path.basename(os.path.normpath(path)) == "checkpoints" else os.path.join(path, "checkpoints")
   if not os.path.isdir(directory):
     raise NslError(f"--restore_from={path!r}: no checkpoints directory at {directory}")
-  manager = ocp.CheckpointManager(os.path.abspath(directory))
-  step = manager.latest_step()
-  if step is None:
-    raise NslError(f"--restore_from={path!r}: no complete checkpoint in {directory}")
+  manager = ocp.CheckpointManager(os.path.abspath(directory), options=ocp.CheckpointManagerOptions(read_only=True))
   try:
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
-  except (ValueError, KeyError) as e:
-    raise NslError(f"--restore_from={path!r}: checkpoint step {step} does not match this model "
-                   f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
+    steps = sorted(manager.all_steps(), reverse=True)
+    if not steps:
+      raise NslError(f"--restore_from={path!r}: no complete checkpoint in {directory}")
+    mismatch = None
+    for step in steps:  # the newest that restores; a damaged one is skipped with a warning
+      try:
+        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
+        return restored["state"].params, step
+      except Exception as e:
+        reason = f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
+        if _is_shape_mismatch(e):
+          mismatch = mismatch or (step, reason)
+        else:
+          warn(f"--restore_from: checkpoint {directory}/{step} is damaged ({reason}); trying an older one")
+    if mismatch is not None:
+      raise NslError(f"--restore_from={path!r}: checkpoint step {mismatch[0]} does not match this model "
+                     f"({mismatch[1]}); use a run of the same architecture")
+    raise NslError(f"--restore_from={path!r}: every checkpoint in {directory} is damaged (steps {sorted(steps)})")
   finally:
     manager.close()
-  return restored["state"].params, step
+
+
+def _is_shape_mismatch(e: BaseException) -> bool:
+  text = str(e).lower()
+  return isinstance(e, (ValueError, KeyError)) and ("shape" in text or "structure" in text or "tree" in text
+                                                    or "missing" in text or "key" in text)
+
+
+class WorkdirLock:
+  """`WORKDIR/.nsl.lock`: the training process that owns a workdir (pid, host, start time).
+
+  A second trainer on the same workdir refuses with one line naming the holder. A lock left by a
+  process that is gone (same host, pid dead or reused) is stale and taken over; one from another
+  host cannot be checked and is only taken over when the user deletes it.
+  """
+
+  NAME = ".nsl.lock"
+
+  def __init__(self, path: str, info: dict):
+    self.path, self.info = path, info
+
+  @classmethod
+  def acquire(cls, workdir: str) -> "WorkdirLock":
+    path = os.path.join(workdir, cls.NAME)
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "start": _proc_start(os.getpid()),
+            "since": time.time()}
+    for _ in range(3):
+      try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+      except FileExistsError:
+        holder = cls._read(path)
+        if holder is not None and cls._alive(holder) and holder.get("pid") != os.getpid():
+          raise NslError(f"--workdir={workdir} is in use by another trainer (pid {holder.get('pid')} on "
+                         f"{holder.get('host')}, lock {path}); wait for it to finish, stop it, or use another "
+                         "--workdir (delete the lock only if that process is gone)")
+        stale = f"{path}.stale{os.getpid()}"
+        try:
+          os.rename(path, stale)  # atomic: of two trainers taking over, one wins the retry
+          os.remove(stale)
+        except FileNotFoundError:
+          pass
+        continue
+      with os.fdopen(fd, "w") as f:
+        json.dump(info, f)
+      return cls(path, info)
+    raise NslError(f"--workdir={workdir}: could not take the lock {path}; another trainer is starting there")
+
+  @staticmethod
+  def _read(path: str) -> dict | None:
+    try:
+      with open(path) as f:
+        return json.load(f)
+    except (OSError, ValueError):
+      return None
+
+  @staticmethod
+  def _alive(info: dict) -> bool:
+    if info.get("host") != socket.gethostname():
+      return True  # cannot tell from here
+    pid = info.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+      return False
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      return False
+    except PermissionError:
+      pass
+    start = _proc_start(pid)
+    return start is None or info.get("start") in (None, start)
+
+  def release(self) -> None:
+    holder = self._read(self.path)
+    if holder is not None and holder.get("pid") == self.info["pid"] and holder.get("start") == self.info["start"]:
+      try:
+        os.remove(self.path)
+      except OSError:
+        pass
+
+
+def _proc_start(pid: int) -> str | None:
+  """The process's start time from /proc (tells a reused pid apart); None where unknown."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      fields = f.read().rsplit(")", 1)[1].split()
+    if fields[0] == "Z":  # a zombie is gone
+      return "zombie"
+    return fields[19]
+  except (OSError, IndexError):
+    return None

@@ -12,6 +12,7 @@ import ast
 import difflib
 import importlib.util
 import json
+import math
 import os
 import sys
 from typing import Any, Iterable
@@ -61,7 +62,13 @@ def load_config(path: str, overrides: Iterable[tuple[str, str]] = ()) -> ml_coll
     raise ConfigError(f"config file {path!r} failed to load: {type(e).__name__}: {e}") from e
   if not hasattr(module, "get_config"):
     raise ConfigError(f"config file {path!r} defines no get_config()")
-  config = module.get_config()
+  try:
+    config = module.get_config()
+  except Exception as e:  # user code again
+    raise ConfigError(f"config file {path!r}: get_config() raised {type(e).__name__}: {e}") from e
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ConfigError(f"config file {path!r}: get_config() returned {type(config).__name__}, not an "
+                      "ml_collections.ConfigDict; return the config (e.g. start from configs/base.py)")
   for key, value in overrides:
     set_field(config, key, value)
   return config
@@ -142,13 +149,185 @@ def to_dict(config: ml_collections.ConfigDict) -> dict:
   return json.loads(config.to_json_best_effort())
 
 
+# Fields a resume may change (README "Training, checkpoints and failures"): how long to train,
+# how a batch is split into micro-batches (the same update), what to log and evaluate, how to
+# checkpoint, how attention is computed (the same function), the mesh (the state is resharded),
+# how shards are verified or found. Every other field fixes the parameters' shapes, the data
+# stream or the model's function, and must match the checkpoint's.
+RESUME_MAY_CHANGE = (
+    "train.steps", "train.grad_accum", "train.log_every", "train.eval_every", "train.eval_batches",
+    "train.max_nonfinite", "checkpoint", "mesh", "data.verify", "data.gpt2_bpe", "model.attention_impl",
+    "model.attention_chunk", "model.remat",
+)
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+  if not isinstance(d, dict):
+    return {prefix[:-1]: d}
+  out = {}
+  for k, v in d.items():
+    out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+  return out
+
+
+def resume_differences(saved: dict, now: dict) -> list[tuple[str, Any, Any]]:
+  """(field, saved value, new value) for every field outside RESUME_MAY_CHANGE that differs.
+  Fields only one side has (a checkpoint from an older nsl) are not compared."""
+  a, b = _flatten(saved or {}), _flatten(now or {})
+  may = lambda f: any(f == p or f.startswith(p + ".") for p in RESUME_MAY_CHANGE)
+  return [(f, a[f], b[f]) for f in sorted(set(a) & set(b)) if not may(f) and a[f] != b[f]]
+
+
+def _get(config, field: str):
+  value = config
+  for part in field.split("."):
+    try:
+      value = value[part]
+    except (KeyError, AttributeError, TypeError):
+      raise ConfigError(f"config.{field} is missing; start the config from configs/base.py") from None
+  return value
+
+
+def _is_number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _positive(config, field: str) -> None:
-  node, *rest = field.split(".")
-  value = config[node]
-  for part in rest:
-    value = value[part]
-  if value is None or value <= 0:
+  value = _get(config, field)
+  if not _is_number(value) or not math.isfinite(value) or value <= 0:
     raise ConfigError(f"config.{field} must be positive, got {value}")
+
+
+def _integer(config, field: str, minimum: int) -> None:
+  value = _get(config, field)
+  if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+    what = {0: "a non-negative integer", 1: "positive (an integer >= 1)"}.get(minimum, f"an integer >= {minimum}")
+    raise ConfigError(f"config.{field} must be {what}, got {value!r}")
+
+
+def _in_range(config, field: str, lo: float, hi: float, hi_open: bool = True, why: str = "") -> None:
+  value = _get(config, field)
+  ok = _is_number(value) and math.isfinite(value) and lo <= value and (value < hi if hi_open else value <= hi)
+  if not ok:
+    interval = f"[{lo}, {hi})" if hi_open else f"[{lo}, {hi}]"
+    raise ConfigError(f"config.{field}={value!r} must be a finite number in {interval}{why}")
+
+
+# Token ids are int32 in every batch; past this a vocabulary cannot be indexed.
+MAX_VOCAB_SIZE = (1 << 31) - 1
+# The longest row nsl supports: per-slot metadata, segment ids and the host-side tile plans are
+# O(seq_len), but one row's activations at 2**22 tokens already exceed any single device's memory
+# for the smallest useful width, so longer rows are refused up front rather than half-built.
+MAX_SEQ_LEN = 1 << 22
+
+
+def _check_mesh_shape(config) -> None:
+  shape = _get(config, "mesh.shape")
+  ok = (isinstance(shape, (tuple, list)) and len(shape) == 3
+        and all(isinstance(n, int) and not isinstance(n, bool) and (n >= 1 or n == -1) for n in shape)
+        and sum(n == -1 for n in shape) <= 1)
+  if not ok:
+    raise ConfigError(f"config.mesh.shape={shape!r} must be three integers (data, fsdp, tensor), each >= 1 "
+                      "or one of them -1 (fill the remaining devices), e.g. --config.mesh.shape=\"(-1,1,1)\"")
+
+
+def _check_numeric_ranges(config) -> None:
+  """Every trunk field with a meaningful range, named when out of it."""
+  m, t = config.model, config.train
+  for field in ("train.lr", "train.eps", "model.rope_theta", "model.norm_eps", "model.init_std"):
+    _positive(config, field)
+  _in_range(config, "train.b1", 0.0, 1.0, why=" (Adam's first-moment decay)")
+  _in_range(config, "train.b2", 0.0, 1.0, why=" (Adam's second-moment decay)")
+  _in_range(config, "train.weight_decay", 0.0, math.inf)
+  _in_range(config, "data.val_fraction", 0.0, 1.0)
+  clip = _get(config, "train.clip_norm")
+  if clip is not None and (not _is_number(clip) or not math.isfinite(clip) or clip <= 0):
+    raise ConfigError(f"config.train.clip_norm={clip!r} must be a positive number, or None for no clipping "
+                      "(0 would zero every update)")
+  _integer(config, "seed", 0)
+  _integer(config, "train.max_nonfinite", 1)
+  _integer(config, "model.attention_chunk", 1)
+  _integer(config, "checkpoint.every", 1)
+  _integer(config, "checkpoint.keep", 1)
+  for field in ("model.d_model", "model.n_layers", "model.n_heads", "model.d_ff", "model.vocab_size",
+                "data.seq_len", "train.batch_size", "train.steps", "train.grad_accum", "train.log_every",
+                "train.eval_every", "train.eval_batches"):
+    _integer(config, field, 1)
+  if m.vocab_size > MAX_VOCAB_SIZE:
+    raise ConfigError(f"config.model.vocab_size={m.vocab_size} exceeds {MAX_VOCAB_SIZE} (token ids are int32); "
+                      "use a smaller vocabulary")
+  if config.data.seq_len > MAX_SEQ_LEN:
+    raise ConfigError(f"config.data.seq_len={config.data.seq_len} exceeds the {MAX_SEQ_LEN} tokens nsl supports "
+                      "per row (one row's activations alone would not fit a device); use a shorter seq_len")
+  path = _get(config, "data.path")
+  if not isinstance(path, str) or not path.strip():
+    raise ConfigError(f"config.data.path={path!r} must name the prepared data directory, e.g. "
+                      "--config.data.path=data/sotu-bpe4k")
+  if config.data.verify not in ("size", "sha256"):
+    raise ConfigError(f"config.data.verify={config.data.verify!r} must be 'size' or 'sha256'")
+  _check_mesh_shape(config)
+
+
+def estimate_memory(config, num_devices: int) -> dict[str, float]:
+  """Bytes per device a training run needs, from shapes only (before anything is allocated).
+
+  A deliberate lower bound, used to refuse what cannot fit: fp32 parameters, gradients and two
+  Adam moments (16 bytes per parameter) spread over the fsdp x tensor axes, plus the activations
+  one micro-batch keeps for the backward pass (per layer 4·d_model values per slot; with remat
+  one layer's) and the fp32 logits and their gradient.
+  """
+  from nsl.models import registry
+
+  counts = registry.get_family(config).param_counts()
+  m, t = config.model, config.train
+  shape = list(config.mesh.shape)
+  if -1 in shape:
+    known = math.prod(n for n in shape if n != -1)
+    shape[shape.index(-1)] = max(1, num_devices // max(known, 1))
+  data, fsdp, tensor = shape
+  state = 16.0 * counts["params_total"] / max(1, fsdp * tensor)
+  rows = max(1, t.batch_size // t.grad_accum // max(1, data * fsdp))
+  tokens = rows * config.data.seq_len
+  act_bytes = 4 if m.dtype in ("float32", "auto") else 2
+  layers_kept = 1 if m.remat == "full" else m.n_layers
+  activations = tokens * (layers_kept * 4 * m.d_model * act_bytes + 2 * 4 * m.vocab_size / max(1, tensor))
+  return {"state": state, "activations": activations, "total": state + activations}
+
+
+def device_memory_bytes(device) -> tuple[float | None, str]:
+  """(bytes a device can hold, a description): the accelerator's limit, or host RAM for CPU."""
+  try:
+    stats = device.memory_stats() or {}
+  except Exception:  # not every backend reports memory
+    stats = {}
+  if stats.get("bytes_limit"):
+    return float(stats["bytes_limit"]), f"{device.device_kind} memory"
+  if device.platform == "cpu":
+    try:
+      return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), "host RAM"
+    except (ValueError, OSError, AttributeError):
+      return None, ""
+  return None, ""
+
+
+def check_fits_memory(config, devices) -> None:
+  """ConfigError with the figures when the run cannot fit its devices' memory."""
+  devices = list(devices)
+  if not devices:
+    return
+  need = estimate_memory(config, len(devices))
+  limit, what = device_memory_bytes(devices[0])
+  if limit is None:
+    return
+  per_host = devices[0].platform == "cpu"
+  total = need["total"] * (sum(d.process_index == devices[0].process_index for d in devices) if per_host else 1)
+  if total > limit:
+    gib = lambda b: f"{b / 2**30:,.1f} GiB"
+    scope = "for this host's devices" if per_host else "per device"
+    raise ConfigError(f"this config needs at least {gib(total)} {scope} (parameters + optimizer "
+                      f"{gib(need['state'])}, activations {gib(need['activations'])} per device) but the "
+                      f"{what} is {gib(limit)}; reduce model.d_model / n_layers / vocab_size, data.seq_len or "
+                      "train.batch_size, raise train.grad_accum, or shard over more devices (mesh.shape)")
 
 
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None, num_processes: int = 1) -> None:
@@ -158,10 +337,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None, 
   if config.family not in registry.FAMILIES:
     raise ConfigError(f"config.family={config.family!r} is unknown; choose one of {sorted(registry.FAMILIES)}")
   m, d, t = config.model, config.data, config.train
-  for field in ("model.d_model", "model.n_layers", "model.n_heads", "model.d_ff", "model.vocab_size",
-                "data.seq_len", "train.batch_size", "train.steps", "train.lr", "train.grad_accum",
-                "train.log_every", "train.eval_every", "train.eval_batches"):
-    _positive(config, field)
+  _check_numeric_ranges(config)
   if m.d_model % m.n_heads:
     raise ConfigError(f"config.model.n_heads={m.n_heads} does not divide config.model.d_model={m.d_model}")
   if (m.d_model // m.n_heads) % 2:

@@ -2,16 +2,24 @@
 
 The CLI entry points catch NslError, print its one-line message to stderr and exit with
 status 2 (see `nsl.errors.cli_main`). Programming errors stay ordinary exceptions with
-their tracebacks.
+their tracebacks. Two environment failures are user-facing too and get the same treatment:
+a full disk (any `OSError` with ENOSPC/EDQUOT in the exception chain: one line naming the file,
+its directory's free bytes and, where known, the bytes needed) and argparse mistakes (one line
+with a short usage hint, via `nsl.errors.ArgumentParser`).
 """
 
 from __future__ import annotations
 
+import argparse
+import errno
 import functools
+import os
+import shutil
 import sys
 from typing import Callable
 
 EXIT_USER_ERROR = 2
+_DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 
 
 class NslError(Exception):
@@ -26,17 +34,92 @@ class DataError(NslError):
   """A missing, corrupt or inconsistent data file (the message names the file)."""
 
 
+class UsageError(NslError):
+  """A command-line mistake caught by argparse (unknown flag, missing or invalid argument)."""
+
+
+class DiskFullError(NslError):
+  """No space left where nsl writes (the message names the directory and the bytes)."""
+
+
+def _free_bytes(path: str | None) -> int | None:
+  path = path or "."
+  while path and not os.path.exists(path):
+    parent = os.path.dirname(path)
+    if parent == path:
+      break
+    path = parent
+  try:
+    return shutil.disk_usage(path or ".").free
+  except OSError:
+    return None
+
+
+def disk_full_cause(exc: BaseException) -> OSError | None:
+  """The ENOSPC/EDQUOT OSError in `exc`'s chain (cause / context), or None."""
+  seen = set()
+  while exc is not None and id(exc) not in seen:
+    seen.add(id(exc))
+    if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+      return exc
+    if "No space left on device" in str(exc) or "Disk quota exceeded" in str(exc):
+      return exc if isinstance(exc, OSError) else OSError(errno.ENOSPC, str(exc).splitlines()[0][:200])
+    exc = exc.__cause__ or exc.__context__
+  return None
+
+
+def disk_full_error(cause: OSError, where: str | None = None, needed: int | None = None) -> DiskFullError:
+  """A one-line DiskFullError for `cause`: the file or directory, free bytes, bytes needed."""
+  path = where or getattr(cause, "filename", None) or "."
+  directory = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+  free = _free_bytes(directory)
+  need = f", about {needed:,} bytes needed" if needed else ""
+  have = f"{free:,} bytes free" if free is not None else "free space unknown"
+  return DiskFullError(f"disk full writing {path} ({have} in {directory}{need}); free space there "
+                       "or use another directory, then rerun the same command (it resumes)")
+
+
 def cli_main(fn: Callable[..., int | None]) -> Callable[..., int]:
-  """Wraps a CLI main: NslError -> one line on stderr and exit status 2."""
+  """Wraps a CLI main: NslError (and a full disk) -> one line on stderr and exit status 2."""
 
   @functools.wraps(fn)
   def wrapped(*args, **kwargs) -> int:
     try:
       rc = fn(*args, **kwargs)
     except NslError as e:
-      msg = " ".join(str(e).split("\n"))
-      print(f"nsl: error: {msg}", file=sys.stderr)
+      _print_error(e)
+      return EXIT_USER_ERROR
+    except Exception as e:
+      cause = disk_full_cause(e)
+      if cause is None:
+        raise
+      _print_error(disk_full_error(cause))
       return EXIT_USER_ERROR
     return 0 if rc is None else rc
 
   return wrapped
+
+
+def _print_error(e: BaseException) -> None:
+  msg = " ".join(str(e).split())
+  print(f"nsl: error: {msg}", file=sys.stderr, flush=True)
+
+
+def warn(msg: str) -> None:
+  """A one-line warning on stderr (recoverable damage, e.g. a checkpoint skipped)."""
+  print(f"nsl: warning: {' '.join(str(msg).split())}", file=sys.stderr, flush=True)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """argparse whose mistakes are one-line UsageErrors (exit 2 through `cli_main`), not the
+  multi-line usage block; `--help` still prints the full help."""
+
+  def error(self, message):
+    raise UsageError(f"{self.prog}: {message} (usage: {self.short_usage()}; --help for all options)")
+
+  def short_usage(self) -> str:
+    required = [a for a in self._actions if a.required and a.option_strings]
+    parts = [self.prog] + [f"{a.option_strings[-1]}={a.metavar or a.dest.upper()}" for a in required]
+    if any(not a.required and a.option_strings and a.dest != "help" for a in self._actions):
+      parts.append("[options]")
+    return " ".join(parts)

@@ -9,16 +9,15 @@ runtime; `--distributed=auto` lets JAX detect a Cloud TPU pod or SLURM cluster.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
-from nsl.errors import ConfigError, cli_main
+from nsl.errors import ArgumentParser, ConfigError, cli_main
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str]]]:
-  parser = argparse.ArgumentParser(prog="python -m nsl.launch", description=__doc__.split("\n")[0])
+  parser = ArgumentParser(prog="python -m nsl.launch", description=__doc__.split("\n")[0])
   parser.add_argument("--config", required=True, help="config file with get_config()")
   parser.add_argument("--workdir", help="run directory (required for training)")
   parser.add_argument("--mode", default="train", choices=("train", "describe"))
@@ -38,7 +37,45 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str
 
 def _env_int(name: str) -> int | None:
   value = os.environ.get(name)
-  return int(value) if value not in (None, "") else None
+  try:
+    return int(value) if value not in (None, "") else None
+  except ValueError:
+    raise ConfigError(f"${name}={value!r} must be an integer") from None
+
+
+def check_workdir(workdir: str) -> str:
+  """The absolute run directory, created if missing; ConfigError when it cannot be one."""
+  if not workdir or not workdir.strip():
+    raise ConfigError("--workdir is empty; pass the run directory, e.g. --workdir=runs/mine")
+  path = os.path.abspath(workdir)
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ConfigError(f"--workdir={workdir} is a file, not a directory; choose another --workdir")
+  parent = path
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise ConfigError(f"--workdir={workdir}: {parent} is a file, so the run directory cannot be made under "
+                      "it; choose another --workdir")
+  if os.path.isfile(os.path.join(path, "manifest.json")):
+    raise ConfigError(f"--workdir={workdir} is a prepared data directory (it holds manifest.json); "
+                      "choose a new directory for the run")
+  if os.path.basename(path) == "checkpoints" and os.path.isfile(os.path.join(os.path.dirname(path), "config.json")):
+    raise ConfigError(f"--workdir={workdir} is the checkpoints directory of a run; pass the run directory "
+                      f"{os.path.dirname(path)} instead")
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise ConfigError(f"--workdir={workdir} cannot be created ({e.strerror}); choose a writable "
+                      "--workdir") from None
+  probe = os.path.join(path, f".nsl-write-test-{os.getpid()}")
+  try:  # a real write: access() says yes to root on a read-only mount
+    with open(probe, "w"):
+      pass
+    os.remove(probe)
+  except OSError as e:
+    raise ConfigError(f"--workdir={workdir} is not writable ({e.strerror}); fix its permissions or choose "
+                      "another --workdir") from None
+  return path
 
 
 def init_distributed(args) -> None:
@@ -70,8 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     nsl_config.validate(config)
     print(json.dumps(loop.describe(config), sort_keys=True))
     return 0
-  if not args.workdir:
+  if args.workdir is None:
     raise ConfigError("--workdir is required for --mode=train")
+  import jax
+  nsl_config.validate(config, jax.device_count(), jax.process_count())  # before anything is written
+  nsl_config.check_fits_memory(config, jax.local_devices())
+  if jax.process_index() == 0:
+    check_workdir(args.workdir)
   from nsl.train import loop
 
   result = loop.Trainer(config, args.workdir, restore_from=args.restore_from, progress=not args.quiet).run()

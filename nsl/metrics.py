@@ -39,12 +39,33 @@ def peak_flops_per_device(device=None) -> float | None:
 
 
 def write_json(path: str, obj: Any) -> None:
-  """Atomic JSON write: readers (the grid runner) never see a half-written file."""
+  """Atomic JSON write: readers (the grid runner) never see a half-written file. Always valid
+  JSON: a non-finite float (a NaN loss) is written as null."""
   tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True, default=_jsonable)
-    f.write("\n")
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "w") as f:
+      json.dump(finite_json(obj), f, indent=2, sort_keys=True, allow_nan=False)
+      f.write("\n")
+    os.replace(tmp, path)
+  except BaseException:
+    try:
+      os.remove(tmp)
+    except OSError:
+      pass
+    raise
+
+
+def finite_json(obj: Any) -> Any:
+  """`obj` with numpy/jax scalars made Python and non-finite floats replaced by None."""
+  if isinstance(obj, dict):
+    return {str(k): finite_json(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [finite_json(v) for v in obj]
+  if isinstance(obj, float):
+    return obj if math.isfinite(obj) else None
+  if isinstance(obj, (str, int, bool)) or obj is None:
+    return obj
+  return finite_json(_jsonable(obj))
 
 
 def _jsonable(x):
@@ -59,13 +80,18 @@ class MetricsWriter:
   """Appends one JSON object per logged step to metrics.jsonl and mirrors scalars to TensorBoard.
   Only process 0 writes."""
 
-  def __init__(self, workdir: str, enabled: bool = True):
+  def __init__(self, workdir: str, enabled: bool = True, resume_step: int | None = None):
+    """`resume_step`: the step the run continues from; lines after it (steps the run will replay)
+    and a partial last line (a write cut by a kill) are dropped first."""
     self.enabled = enabled
     self._tb = None
     if not enabled:
       return
     os.makedirs(workdir, exist_ok=True)
-    self._file = open(os.path.join(workdir, "metrics.jsonl"), "a", buffering=1)
+    path = os.path.join(workdir, "metrics.jsonl")
+    if resume_step is not None:
+      truncate_records(path, resume_step)
+    self._file = open(path, "a", buffering=1)
     try:
       from tensorboardX import SummaryWriter
       self._tb = SummaryWriter(os.path.join(workdir, "tb"))
@@ -88,6 +114,34 @@ class MetricsWriter:
       self._file.close()
       if self._tb is not None:
         self._tb.close()
+
+
+def truncate_records(path: str, last_step: int) -> int:
+  """Keeps the complete lines of a metrics.jsonl with `step <= last_step`; returns lines dropped.
+  Rewritten atomically, and only when something is dropped."""
+  if not os.path.isfile(path):  # also leaves devices and pipes alone
+    return 0
+  with open(path, "rb") as f:
+    data = f.read()
+  keep, dropped = [], 0
+  for line in data.split(b"\n"):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+      ok = isinstance(record, dict) and int(record.get("step", 0)) <= last_step
+    except (ValueError, TypeError):
+      ok = False  # a partial line: the write it belonged to never finished
+    if ok:
+      keep.append(line)
+    else:
+      dropped += 1
+  if dropped or (data and not data.endswith(b"\n")):
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+      f.write(b"".join(l + b"\n" for l in keep))
+    os.replace(tmp, path)
+  return dropped
 
 
 def _scalar(v):

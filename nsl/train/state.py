@@ -40,8 +40,9 @@ def _decay_mask(params):
 
 def make_optimizer(config) -> optax.GradientTransformation:
   t = config.train
+  clip = [optax.clip_by_global_norm(t.clip_norm)] if t.clip_norm is not None else []  # None: no clipping
   return optax.chain(
-      optax.clip_by_global_norm(t.clip_norm),
+      *clip,
       optax.adamw(lr_schedule(config), b1=t.b1, b2=t.b2, eps=t.eps, weight_decay=t.weight_decay,
                   mask=_decay_mask),
   )
