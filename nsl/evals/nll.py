@@ -1,7 +1,7 @@
 """Mean NLL per token of a trained run on held-out token sets: `python -m nsl.evals.nll`.
 
   python -m nsl.evals.nll --workdir=RUN [--data=DIR | --data=NAME=DIR ...] [--split=val]
-                          [--max_batches=N] [--batch_size=B]
+                          [--max_batches=N] [--batch_size=B] [--feed=own|teacher|bias]
 
 Without --data: the run's own data (config `data.path`, relative paths resolved from the current
 directory as the run resolved them), recorded as eval["val"] (eval["<split>"] for another split).
@@ -16,6 +16,14 @@ NLL is summed over the weighted targets of the family's own loss and divided by 
 `--max_batches=<train.eval_batches>` reproduces the trainer's final eval. Default: the whole split.
 Results merge into RUN/result.json (`eval`, and `eval_details` with what was measured how),
 written atomically, and print as one JSON object.
+
+LIFT-family runs (`--feed`, `LiftFamily.token_logits`): `own` (default, the paper's metric) feeds
+back the model's own states token by token with its KV cache, document by document, as at
+inference (lift_no_states: b, the states it is used with; distill has no channel); `teacher`
+feeds the teacher's states in parallel (the training phase); `bias` feeds b everywhere. `own`
+is recorded under the plain key (eval["val"], the trainer's eval_val_nll), the others as
+eval["val_feed_teacher"], eval["val_feed_bias"]. Other families have no state channel: only
+`--feed=own` (their plain forward) is accepted.
 """
 
 from __future__ import annotations
@@ -117,8 +125,9 @@ def tokenizer_fingerprint(data_dir: str, manifest: dict) -> str:
 
 
 def evaluate(family, params, config, data_dir: str, split: str, batch_size: int,
-             max_batches: int | None) -> dict:
-  """{"nll", "tokens", "batches"}: mean NLL per target over the split's evaluation batches."""
+             max_batches: int | None, feed: str | None = None) -> dict:
+  """{"nll", "tokens", "batches"}: mean NLL per target over the split's evaluation batches
+  (`feed`: a LIFT state feed; None = the trainer's eval step)."""
   import flax.linen as nn
   import jax
 
@@ -129,7 +138,10 @@ def evaluate(family, params, config, data_dir: str, split: str, batch_size: int,
   batches = pipeline.make_eval_batches(data_dir, split, seq_len=int(config.data.seq_len), batch_size=batch_size,
                                        max_batches=max_batches)
   mesh, rules = mesh_of(params), sharding.rules(config)
-  step_fn = train_step_lib.make_eval_step(family)
+  if feed is not None:
+    step_fn = lambda p, b: family.eval_nll(p, b, feed)
+  else:
+    step_fn = train_step_lib.make_eval_step(family)
 
   def with_rules(*args):
     with nn.logical_axis_rules(rules):
@@ -193,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--split", default="val", help="split of every data dir to score (default val)")
   p.add_argument("--max_batches", type=int, default=None, help="at most this many batches per set")
   p.add_argument("--batch_size", type=int, default=None, help="sequences per batch (default: the run's)")
+  p.add_argument("--feed", default=None, choices=("own", "teacher", "bias"),
+                 help="LIFT runs: the states fed (default own: fed back token by token, the paper's metric)")
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
   if args.max_batches is not None and args.max_batches < 1:
     raise NslError(f"--max_batches={args.max_batches}: must be >= 1")
@@ -203,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
   for _, path in sets:
     load_manifest(path)  # a missing or broken data dir fails before the model loads
   config, family, params = _load_run(args.workdir)
+  lift_run = callable(getattr(family, "eval_nll", None)) and getattr(family, "name", "") == "lift"
+  if not lift_run and args.feed not in (None, "own"):
+    raise NslError(f"--feed={args.feed}: {config.family!r} runs have no state channel (only LIFT-family runs)")
+  feed = (args.feed or "own") if lift_run else None
   own_dir = run_data_dir(config)
   own = tokenizer_fingerprint(own_dir, load_manifest(own_dir))
   batch_size = args.batch_size or int(config.train.batch_size) // int(config.train.grad_accum)
@@ -218,10 +236,14 @@ def main(argv: list[str] | None = None) -> int:
       raise DataError(f"--data={path}: {manifest['vocab_size']} token ids exceed the model's vocabulary "
                       f"{config.model.vocab_size}")
     key = name if (path == own_dir and not args.data) or args.split == "val" else f"{name}_{args.split}"
-    r = evaluate(family, params, config, path, args.split, batch_size, args.max_batches)
+    if feed not in (None, "own"):
+      key = f"{key}_feed_{feed}"
+    r = evaluate(family, params, config, path, args.split, batch_size, args.max_batches, feed)
     values[key] = r["nll"]
     details[key] = {"data": os.path.abspath(path), "split": args.split, "tokens": r["tokens"],
                     "batches": r["batches"], "batch_size": batch_size, "seq_len": int(config.data.seq_len)}
+    if feed is not None:
+      details[key]["feed"] = feed
   merge_result(args.workdir, "eval", values, details)
   print(json.dumps({"eval": values, "eval_details": details}, sort_keys=True))
   return 0

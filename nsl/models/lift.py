@@ -140,6 +140,7 @@ class LiftSpec:
   adapt_pass_probs: tuple[float, ...] = (0.5, 0.25, 0.25)
   adapt_seed: str = "bias"  # what the first no-gradient pass is fed: bias | teacher
   teacher: str = "labels"  # labels | precomputed | <run dir>
+  eval_feed: str = "own"  # the trainer's eval (EVAL_FEEDS): own -> eval_val_nll, else eval_val_nll_feed_<feed>
 
   @property
   def has_channel(self) -> bool:
@@ -160,7 +161,8 @@ class LiftSpec:
                     fusion_hidden=int(l.fusion_hidden), state_dropout=float(l.state_dropout),
                     dropout_mode=str(l.dropout_mode), adapt_fraction=float(l.adapt_fraction),
                     adapt_pass_probs=tuple(float(x) for x in l.adapt_pass_probs),
-                    adapt_seed=str(l.get("adapt_seed", "bias")), teacher=str(l.teacher))
+                    adapt_seed=str(l.get("adapt_seed", "bias")), teacher=str(l.teacher),
+                    eval_feed=str(l.get("eval_feed", "own")))
 
 
 def default_lift_config():
@@ -360,6 +362,10 @@ class LiftFamily(Family):
       raise ConfigError("config.lift.adapt_pass_probs must be 3 probabilities (0, 1, 2 passes) summing to 1")
     if s.adapt_seed not in ADAPT_SEEDS:
       raise ConfigError(f"config.lift.adapt_seed={s.adapt_seed!r} must be one of {ADAPT_SEEDS}")
+    if s.eval_feed not in EVAL_FEEDS:
+      raise ConfigError(f"config.lift.eval_feed={s.eval_feed!r} must be one of {EVAL_FEEDS}")
+    if s.eval_feed == "teacher" and not s.teacher:
+      raise ConfigError("config.lift.eval_feed='teacher' needs config.lift.teacher")
     if not s.teacher and s.variant in ("lift", "distill"):
       raise ConfigError(f"config.lift.teacher is empty but variant {s.variant!r} needs one: 'labels', "
                         "'precomputed' or a teacher run directory")
@@ -525,8 +531,17 @@ class LiftFamily(Family):
       return apply(self.fed(params, self.teacher_states(batch, targets, weights), seg_in))
     return apply(None)  # b everywhere
 
-  def eval_nll(self, params, batch, feed: str = "own"):
-    """(sum of per-target NLL, number of targets) under a state feed (`token_logits`)."""
+  @property
+  def eval_suffix(self) -> str:
+    """The trainer's eval key suffix: eval_val_nll (result.json eval.val) is the own-state NLL,
+    another `lift.eval_feed` is logged as eval_val_nll_feed_<feed> (eval.val_feed_<feed>), the
+    keys of `nsl.evals.nll --feed`."""
+    return "" if self.spec.eval_feed == "own" else f"_feed_{self.spec.eval_feed}"
+
+  def eval_nll(self, params, batch, feed: str | None = None):
+    """(sum of per-target NLL, number of targets) under a state feed (`token_logits`; default
+    `lift.eval_feed`, what the trainer's eval logs)."""
+    feed = feed or self.spec.eval_feed
     _, targets, _, weights = layers.next_token_targets(batch)
     ce, w = layers.masked_cross_entropy(self.token_logits(params, batch, feed=feed), targets, weights)
     return ce * w, w

@@ -105,6 +105,8 @@ class Trainer:
     self.mesh = sharding.make_mesh(config, devices)
     self.family = registry.get_family(config)
     self.manifest = prepare_data(config)
+    # "" for most families; a LIFT run names a non-own state feed (eval_val_nll_feed_teacher).
+    self.eval_suffix = getattr(self.family, "eval_suffix", "")
     t = config.train
     self.tokens_per_step = config.data.seq_len * t.batch_size
     self.optimizer = train_state.make_optimizer(config)
@@ -242,7 +244,7 @@ class Trainer:
                              "in the workdir — lower train.lr or check the data")
           if step % t.eval_every == 0 and step < t.steps:
             eval_loss = self.evaluate(state.params)
-            writer.write(step, {"eval_val_nll": eval_loss})
+            writer.write(step, {"eval_val_nll" + self.eval_suffix: eval_loss})
           if step % cfg.checkpoint.every == 0 and step < t.steps:
             self.checkpointer.save(step, state, self.train_iter, meta)
           if preemption.should_stop(step):
@@ -253,7 +255,7 @@ class Trainer:
       self.checkpointer.wait()
       if status == "done":
         eval_loss = self.evaluate(state.params)
-        writer.write(step, {"eval_val_nll": eval_loss})
+        writer.write(step, {"eval_val_nll" + self.eval_suffix: eval_loss})
     except BaseException:
       if status != "failed":
         status = "failed"
@@ -287,7 +289,7 @@ class Trainer:
         "seed": self.config.seed, "steps": step, "tokens": tokens, **self.counts,
         "flops_per_token": self.flops_per_token, "flops": self.flops_per_token * tokens,
         "flops_convention": FLOPS_CONVENTION, "final_loss": last_loss,
-        "eval": {"val": eval_loss} if eval_loss is not None else {},
+        "eval": {"val" + self.eval_suffix: eval_loss} if eval_loss is not None else {},
         "unigram_entropy_nats": self.manifest.get("unigram_entropy_nats"),
         "wall_time_sec": wall, "nonfinite_steps": nonfinite_total, "devices": jax.device_count(),
         "processes": jax.process_count(), "nsl_version": nsl.__version__,

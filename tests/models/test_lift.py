@@ -262,7 +262,8 @@ def test_teacher_on_the_fly_precomputed_and_tokenizer_check(tmp_path):
 
 
 @pytest.mark.parametrize("field,value,match", [("adapt_seed", "oracle", "adapt_seed"), ("state_dropout", 1.5, "state_dropout"),
-                                               ("adapt_pass_probs", (0.5, 0.5, 0.5), "adapt_pass_probs")])
+                                               ("adapt_pass_probs", (0.5, 0.5, 0.5), "adapt_pass_probs"),
+                                               ("eval_feed", "oracle", "eval_feed")])
 def test_bad_lift_fields_are_config_errors(field, value, match):
   from nsl.errors import ConfigError
 
@@ -355,6 +356,12 @@ def test_eval_feeds():
   np.testing.assert_allclose(bias, fam.model.apply({"params": params}, inputs, seg), rtol=1e-6)
   nlls = {f: float(fam.eval_nll(params, b, f)[0]) for f in lift.EVAL_FEEDS}
   assert len(set(nlls.values())) == 3
+  # The trainer's eval: own states by default (eval_val_nll), or lift.eval_feed under its own key.
+  from nsl.train import step as step_lib
+  assert fam.eval_suffix == "" and float(step_lib.make_eval_step(fam)(params, b)[0]) == pytest.approx(nlls["own"], rel=1e-6)
+  fam_t, _ = family_and_params("lift", eval_feed="teacher")
+  assert fam_t.eval_suffix == "_feed_teacher"
+  assert float(step_lib.make_eval_step(fam_t)(params, b)[0]) == pytest.approx(nlls["teacher"], rel=1e-6)
   # lift_no_states is used with b at inference, so its "own" feed is b; distill has no channel.
   fam_ns, _ = family_and_params("lift_no_states")
   np.testing.assert_allclose(fam_ns.token_logits(params, b), bias, rtol=1e-6)
