@@ -395,7 +395,9 @@ class LiftFamily(Family):
   def teacher(self):
     if self._teacher is None and self.spec.teacher not in ("", "labels", "precomputed"):
       from nsl.models import teacher as teacher_lib
-      self._teacher = teacher_lib.Teacher.load(self.spec.teacher, self.config)
+      # First used inside the traced loss: restore the checkpoint eagerly, not as traced values.
+      with jax.ensure_compile_time_eval():
+        self._teacher = teacher_lib.Teacher.load(self.spec.teacher, self.config)
     return self._teacher
 
   def teacher_states(self, batch, targets_BT, weights_BT):

@@ -38,6 +38,10 @@ def tiny_config(variant="lift", **lift_overrides):
   return c
 
 
+def params_of(config, seed=0):
+  return nn.unbox(lift.LiftFamily(config).init(jax.random.PRNGKey(seed)))
+
+
 def family_and_params(variant="lift", seed=0, **kw):
   fam = lift.LiftFamily(tiny_config(variant, **kw))
   return fam, nn.unbox(fam.init(jax.random.PRNGKey(seed)))
@@ -388,6 +392,9 @@ def test_lift_rnn_teacher_states_are_its_own_feedback(tmp_path):
   np.testing.assert_allclose(states, lift.state_from_logits(own, 4, 1.5), rtol=1e-4, atol=1e-5)
   bias_fed = lift.state_from_logits(tfam.model.apply({"params": tparams}, inputs, seg), 4, 1.5)
   assert float(jnp.abs(states - bias_fed).max()) > 1e-2
+  # A fresh family first meets its teacher inside the jitted loss (as the trainer does).
+  loss, m = jax.jit(lift.LiftFamily(sc).loss)(params_of(sc), b, jax.random.PRNGKey(0), jnp.asarray(0))
+  assert np.isfinite(float(loss)) and float(m["kl"]) > 0
 
   # precompute goes through the same Teacher.logits
   out = str(tmp_path / "s5_lift_rnn_states")
