@@ -7,10 +7,11 @@ DEMO_DIR ?= runs/demo
 
 .PHONY: demo test install clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev]"
+	# [tpu] brings libtpu: the ahead-of-time TPU compile tests (nsl.compile) run on any host.
+	$(PY) -m pip install --quiet -e ".[dev,tpu]"
 	touch $(STAMP)
 
 install: $(STAMP)

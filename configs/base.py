@@ -19,6 +19,7 @@ DEFAULT_RULES = (
     ("head_dim", None),
     ("mlp", "tensor"),
     ("vocab", "tensor"),
+    ("layers", None),  # the stacked axis of model.scan_layers: every device holds all layers
 )
 
 
@@ -39,6 +40,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.init_std = 0.02
   c.model.dtype = "float32"  # compute dtype: auto (bf16 on accelerators) | float32 | bfloat16; params stay fp32
   c.model.remat = "none"  # none | full | dots
+  # The trunk's identical layers as one nn.scan (compiles one layer body): on for the paper ladder.
+  c.model.scan_layers = False
   c.model.attention_impl = "auto"  # auto | xla | chunked | splash | pallas_gpu
   c.model.attention_chunk = 512
   # Standard: optional sliding window over keys. SPS: the temporary-key window w. None = unbounded.
@@ -93,6 +96,7 @@ def paper_recipe(c: ml_collections.ConfigDict, size: str, tokens: float = 20e9) 
   nsl_config.apply_size(c, size)
   c.model.vocab_size = 50304
   c.model.dtype = "auto"  # bfloat16 on TPU/GPU, float32 on CPU
+  c.model.scan_layers = True  # XL compiles in a fraction of the unrolled time (README "Before you book a pod")
   c.data.seq_len = 4096
   c.data.tokenizer = "gpt2"
   c.data.path = "data/fineweb-edu-gpt2"

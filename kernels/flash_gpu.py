@@ -43,7 +43,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from kernels import rules
-from nsl import masks
+from nsl import masks, sharding
 from nsl.errors import ConfigError
 
 MAX_BLOCK = 128
@@ -51,7 +51,7 @@ MIN_BLOCK = 16
 
 
 def _on_gpu() -> bool:
-  return jax.default_backend() in ("gpu", "cuda", "rocm")
+  return sharding.platform() == "gpu"
 
 
 def _pick_block(requested: int, length: int, what: str) -> int:
@@ -100,10 +100,7 @@ class _Plan:
     return _static_fields(self.rule)
 
 
-def attend(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = 128, block_k: int = 128,
-           interpret: bool | None = None, allow_tf32: bool = False, num_warps: int | None = None,
-           num_stages: int = 2):
-  """Block-sparse flash attention: see the module docstring. Slots are `nsl.attention.Slots`."""
+def _check(q, k, v, q_slots, k_slots) -> None:
   b, sq, h, d = q.shape
   sk = k.shape[1]
   if k.shape != (b, sk, h, d) or v.shape != k.shape:
@@ -115,6 +112,27 @@ def attend(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = 128, b
   if q_slots.layout.num_slots != sq or k_slots.layout.num_slots != sk:
     raise ConfigError(f"pallas_gpu: layouts have {q_slots.layout.num_slots}/{k_slots.layout.num_slots} "
                       f"slots but q/k have {sq}/{sk}")
+
+
+def supports(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = 128, block_k: int = 128) -> bool:
+  """Whether `attend` takes these shapes (`attention_impl=auto` uses the chunked path otherwise)."""
+  del rule
+  try:
+    _check(q, k, v, q_slots, k_slots)
+    _pick_block(block_q, q.shape[1], "query")
+    _pick_block(block_k, k.shape[1], "key")
+  except ConfigError:
+    return False
+  return True
+
+
+def attend(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = 128, block_k: int = 128,
+           interpret: bool | None = None, allow_tf32: bool = False, num_warps: int | None = None,
+           num_stages: int = 2):
+  """Block-sparse flash attention: see the module docstring. Slots are `nsl.attention.Slots`."""
+  _check(q, k, v, q_slots, k_slots)
+  b, sq, h, d = q.shape
+  sk = k.shape[1]
   if interpret is None:
     interpret = not _on_gpu()
   fp32 = q.dtype == jnp.float32

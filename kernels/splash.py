@@ -34,7 +34,8 @@ Sharding: with a mesh (`mesh=` or the context mesh from `jax.set_mesh`), the cal
 heads over 'tensor' when it divides the head count; sequence axes are not sharded. Each device
 runs the kernel on its local batch and heads (the mask is the same for every head).
 
-`interpret=None` runs compiled on TPU and in Pallas interpret mode elsewhere (slow; CPU tests).
+`interpret=None` runs compiled when the context mesh is a TPU mesh (also a compile-only one, for
+`nsl.compile`) and in Pallas interpret mode elsewhere (slow; CPU tests).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
 from kernels import rules
-from nsl import masks
+from nsl import masks, sharding
 from nsl.errors import ConfigError
 
 LANES = 128
@@ -174,12 +175,24 @@ def _segment_ids(rule: masks.Rule, q_slots, k_slots, batch: int):
 # ----------------------------------------------------------------------------- public entry
 
 
+def supports(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = 512, block_k: int = 512) -> bool:
+  """Whether `attend` takes this rule and these shapes: lengths in 128-lane blocks, no dynamic
+  block-order rule, layouts as runs (`attention_impl=auto` uses the chunked path otherwise)."""
+  try:
+    _check(rule, q, k, v, q_slots, k_slots)
+    _pick_block(block_q, q.shape[1], "query")
+    _pick_block(block_k, k.shape[1], "key")
+  except ConfigError:
+    return False
+  return rules.layout_runs(q_slots.layout) is not None and rules.layout_runs(k_slots.layout) is not None
+
+
 def attend(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = 512, block_k: int = 512,
            interpret: bool | None = None, mesh=None):
   """Splash attention under an nsl rule: see the module docstring."""
   _check(rule, q, k, v, q_slots, k_slots)
   if interpret is None:
-    interpret = jax.default_backend() != "tpu"
+    interpret = sharding.platform() != "tpu"
   sq, sk_len = q.shape[1], k.shape[1]
   bq = _pick_block(block_q, sq, "query")
   bk = _pick_block(block_k, sk_len, "key")

@@ -6,17 +6,22 @@ __version__ = "0.1.0"
 def _leave_out_absent_tpu() -> None:
   """With libtpu installed (the `[tpu]` extra, which `nsl.compile` needs on any host) but no TPU
   chip on this machine, JAX would still try to start a TPU client at its first device query, and
-  libtpu prints a screen of warnings to stderr on every command. Drop JAX's TPU backend factory
-  when the hardware scan finds no chip and the user has not chosen platforms. Compile-only TPU
-  topologies (`jax.experimental.topologies`) load libtpu directly and are unaffected."""
+  libtpu prints a screen of warnings to stderr on every command. When the hardware scan finds no
+  chip and the user has not chosen platforms, JAX's TPU backend factory fails quietly instead (the
+  platform stays registered, so TPU lowering rules still exist). Compile-only TPU topologies
+  (`jax.experimental.topologies`) load libtpu directly and are unaffected."""
+  import dataclasses
   import os
 
   if os.environ.get("JAX_PLATFORMS") or os.environ.get("JAX_FORCE_TPU_INIT"):
     return
   try:
     from jax._src import hardware_utils, xla_bridge  # private, hence the guard
-    if hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0:
-      xla_bridge._backend_factories.pop("tpu", None)  # pylint: disable=protected-access
+    factories = xla_bridge._backend_factories  # pylint: disable=protected-access
+    if "tpu" in factories and hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0:
+      def no_chip():
+        raise RuntimeError("no TPU chip on this host")
+      factories["tpu"] = dataclasses.replace(factories["tpu"], factory=no_chip, fail_quietly=True)
   except Exception:  # another JAX version: at worst the warnings come back
     pass
 

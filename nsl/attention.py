@@ -8,7 +8,10 @@ Implementations (DESIGN "Masks are data"; all evaluate `nsl.masks.visible`):
              backward, so SPS's windowed temporary keys and causal triangles cost only their
              visible tiles. Backward recomputes scores (custom VJP), so activations are O(S·D).
 - `splash` (TPU) and `pallas_gpu` (GPU): Pallas kernels from the `kernels` package.
-`auto` picks splash on TPU, pallas_gpu on GPU when the kernel package provides them, else chunked.
+`auto` picks splash on TPU, pallas_gpu on GPU when the kernel package provides them, else chunked;
+the platform is the context mesh's (`nsl.sharding.platform`), not the host's. Under `auto`, an
+attention the kernel cannot take (lengths off its tile grid, `Rule(block='earlier')`) runs chunked;
+an explicit kernel choice raises a `ConfigError` instead.
 
 Shapes: q [B, Sq, H, D], k and v [B, Sk, H, D]. Rows with no visible key return zeros and a
 log-sum-exp of -inf, so two attentions over disjoint key sets merge exactly with `merge_lse`.
@@ -57,7 +60,11 @@ def attend(q, k, v, rule: masks.Rule, q_slots: Slots, k_slots: Slots, *, impl: s
 
   Returns out [B, Sq, H, D] (q.dtype), and lse [B, H, Sq] (float32) when `return_lse`.
   """
-  impl = resolve_impl(impl)
+  chosen = resolve_impl(impl)
+  if impl == "auto" and chosen in ("splash", "pallas_gpu") and not _kernel_module(chosen).supports(
+      q, k, v, rule, q_slots, k_slots, block_q=chunk_q, block_k=chunk_k):
+    chosen = "chunked"  # auto means "the kernel where it applies": e.g. SED's 114-token encoder
+  impl = chosen
   if impl == "xla":
     out, lse = attend_dense(q, k, v, rule, q_slots.fields(), k_slots.fields())
   elif impl == "chunked" and q.shape[1] <= chunk_q and k.shape[1] <= chunk_k:
@@ -76,8 +83,8 @@ def resolve_impl(impl: str) -> str:
     raise ConfigError(f"model.attention_impl={impl!r} is not one of {IMPLS}")
   if impl != "auto":
     return impl
-  platform = jax.default_backend()
-  preferred = {"tpu": "splash", "gpu": "pallas_gpu", "cuda": "pallas_gpu"}.get(platform)
+  from nsl import sharding  # the mesh's platform, not the host's: AOT compiles pick the pod's kernel
+  preferred = {"tpu": "splash", "gpu": "pallas_gpu"}.get(sharding.platform())
   if preferred is not None and _kernel_available(preferred):
     return preferred
   return "chunked"

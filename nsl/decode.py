@@ -49,6 +49,7 @@ class SlotPlan:
   rule: masks.Rule
   layout: str = "interleaved"  # physical order used by prefill ("stream_major" or "interleaved")
   has_predict: bool = False  # group slot 1 is the learned <predict> embedding
+  predict_token_id: int | None = None  # ρ = this row of the tied embedding; None = `predict_embedding`
 
   @property
   def group(self) -> int:
@@ -87,7 +88,7 @@ def plan_for(family) -> SlotPlan:
   if family.name == "sps" and family.variant != "standard":
     spec = sps.SPECS[family.variant]
     return SlotPlan(kinds=spec.kinds, readout=spec.readout, rule=family.rule, layout=family.layout_name,
-                    has_predict=True)
+                    has_predict=True, predict_token_id=family.predict_token_id)
   if family.name in ("sps", "standard"):
     return SlotPlan(kinds=(P,), readout=0, rule=family.rule)
   raise ValueError(f"no KV-cache decoder for family {family.name!r}")
@@ -101,7 +102,9 @@ def _embed(dims, params, plan: SlotPlan, tokens_BN):
   x = layers.Embedder(dims).apply({"params": params["embed"]}, tokens_BN, method="encode")
   if not plan.has_predict:
     return x[:, :, None]
-  rho = jnp.broadcast_to(params["predict_embedding"].astype(x.dtype), x.shape)
+  from nsl.models import sps
+
+  rho = jnp.broadcast_to(sps.predict_vector(params, plan.predict_token_id).astype(x.dtype), x.shape)
   return jnp.stack([x, rho], axis=2)
 
 
@@ -162,7 +165,7 @@ def prefill(dims, plan: SlotPlan, params, tokens_BN, max_tokens: int):
   slots = attention.Slots(lay, segment=jnp.ones((b, lay.num_slots), jnp.int32))
   ks, vs = [], []
   for i in range(dims.n_layers):
-    p = params["trunk"][f"block_{i}"]
+    p = layers.layer_params(params["trunk"], i)
     attn = _attn(dims, p["attn"])
     h = _norm(dims, p["attn_norm"], x)
     q = attn.project_q(h, lay.tok)
@@ -229,7 +232,7 @@ def decode_step(dims, plan: SlotPlan, params, cache, token_B, index):
   new = dict(cache)
   ks, vs = [], []
   for i in range(dims.n_layers):
-    p = params["trunk"][f"block_{i}"]
+    p = layers.layer_params(params["trunk"], i)
     attn = _attn(dims, p["attn"])
     h = _norm(dims, p["attn_norm"], x)
     q = attn.project_q(h, q_tok)

@@ -120,6 +120,9 @@ class ArgumentParser(argparse.ArgumentParser):
   def short_usage(self) -> str:
     required = [a for a in self._actions if a.required and a.option_strings]
     parts = [self.prog] + [f"{a.option_strings[-1]}={a.metavar or a.dest.upper()}" for a in required]
+    for a in self._actions:
+      if not a.option_strings and a.dest != "help":
+        parts.append("{" + ",".join(a.choices) + "}" if isinstance(a.choices, dict) else (a.metavar or a.dest))
     if any(not a.required and a.option_strings and a.dest != "help" for a in self._actions):
       parts.append("[options]")
     return " ".join(parts)

@@ -54,6 +54,35 @@ def make_mesh(config, devices=None) -> Mesh:
   return Mesh(arr, AXES)
 
 
+def is_compile_only(mesh: Mesh) -> bool:
+  """True for the devices of a `jax.experimental.topologies` description (`nsl.compile`): they
+  can be compiled for but hold no arrays."""
+  return type(mesh.devices.flat[0].client).__name__ == "CompileOnlyPyClient"
+
+
+def use_mesh(mesh: Mesh):
+  """The one way nsl enters a mesh around traced programs (DESIGN "Sharding is declared once").
+
+  `jax.set_mesh` sets the concrete and the abstract mesh, so Flax's logical constraints apply
+  and `shard_map` kernels (splash) find the mesh. A compile-only mesh has no live devices to
+  place constants on, so only its abstract mesh is set: tracing and lowering see the same axes.
+  """
+  if is_compile_only(mesh):
+    return jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
+  return jax.set_mesh(mesh)
+
+
+def platform() -> str:
+  """The platform traced programs are for: the context mesh's devices, else the host's backend.
+
+  Every platform choice (attention implementation, Pallas interpret mode, `dtype=auto`) reads
+  this, so a TPU compile from a CPU host (`nsl.compile`) picks what the pod would."""
+  mesh = jax.sharding.get_abstract_mesh()
+  device = None if mesh.empty else mesh.abstract_device
+  name = getattr(device, "platform", None) or jax.default_backend()
+  return {"cuda": "gpu", "rocm": "gpu"}.get(name, name)
+
+
 def rules(config) -> tuple[tuple[str, Any], ...]:
   return tuple((name, tuple(ax) if isinstance(ax, list) else ax) for name, ax in config.mesh.rules)
 

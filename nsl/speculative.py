@@ -55,7 +55,7 @@ def cached_forward(dims: layers.Dims, params, cache, tokens_BM, start):
   ck, cv = cache["k"], cache["v"]
   zero = jnp.zeros((), jnp.int32)
   for i in range(dims.n_layers):
-    p = params["trunk"][f"block_{i}"]
+    p = layers.layer_params(params["trunk"], i)
     attn = layers.Attention(dims).bind({"params": p["attn"]})
     h = norm(p["attn_norm"], x)
     q = attn.project_q(h, pos)

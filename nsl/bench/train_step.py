@@ -56,13 +56,11 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--steps", type=int, default=5, help="timed steps after the compile step")
   args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
 
-  import flax.linen as nn
   import jax
   import numpy as np
 
   from nsl import config as nsl_config, sharding
-  from nsl.models import registry
-  from nsl.train import state as train_state, step as train_step_lib
+  from nsl.train import program as program_lib
 
   overrides, _ = nsl_config.split_overrides(rest)
   config = nsl_config.load_config(args.config, overrides)
@@ -72,35 +70,18 @@ def main(argv: list[str] | None = None) -> int:
     config.data.seq_len = args.seq_len
     if config.model.window is not None:
       config.model.window = min(config.model.window, args.seq_len)
-  nsl_config.validate(config, jax.device_count())
-
   ceiling = MatmulCeiling()
-  family = registry.get_family(config)
-  mesh = sharding.make_mesh(config)
-  optimizer, schedule = train_state.make_optimizer(config), train_state.lr_schedule(config)
-  rules = sharding.rules(config)
-  boxed = jax.eval_shape(lambda r: train_state.create(family.init(r), optimizer), jax.random.PRNGKey(0))
-  with mesh, nn.logical_axis_rules(rules):
-    state_sh = sharding.logical_sharding(boxed, mesh, config)
-  step_fn = train_step_lib.make_train_step(family, optimizer, schedule, config.train.grad_accum)
-
-  def with_rules(fn):
-    def wrapped(*a):
-      with nn.logical_axis_rules(rules):
-        return fn(*a)
-    return wrapped
-
-  batch_sh, repl = sharding.batch_sharding(mesh), sharding.replicated(mesh)
-  init = jax.jit(with_rules(lambda r: train_state.create(nn.unbox(family.init(r)), optimizer)), out_shardings=state_sh)
-  step = jax.jit(with_rules(step_fn), in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
-                 donate_argnums=(0,))
+  # The launcher's own program (nsl.train.program): the step timed is the step trained.
+  prog = program_lib.Program(config, jax.devices())
+  family, mesh = prog.family, prog.mesh
   b, t = config.train.batch_size, config.data.seq_len
   rng = np.random.default_rng(0)
   host_batch = family.dummy_batch(b)
   host_batch = {k: np.asarray(v) for k, v in host_batch.items()}
   host_batch["tokens"] = rng.integers(0, config.model.vocab_size, size=host_batch["tokens"].shape, dtype=np.int32)
-  with mesh:
-    state = init(jax.random.PRNGKey(0))
+  step = prog.train_step
+  with prog.mesh_context():
+    state = prog.init(jax.random.PRNGKey(0))
     batch = sharding.global_batch(host_batch, mesh)
     key = jax.random.PRNGKey(1)
     t0 = time.perf_counter()
@@ -122,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
   print(json.dumps({
       "config": args.config, "family": config.family, "variant": config.model.variant,
       "batch": b, "seq_len": t, "tokens_per_step": tokens, "params_total": family.param_counts()["params_total"],
-      "devices": jax.device_count(), "backend": jax.default_backend(),
+      "devices": jax.device_count(), "backend": sharding.platform(),
       "compile_sec": round(compile_s, 3), "step_sec": round(step_s, 4), "step_sec_all": [round(x, 4) for x in times],
       "tokens_per_sec": round(tokens / step_s, 1), "flops_per_step": flops,
       "achieved_gflops": round(achieved / 1e9, 2),

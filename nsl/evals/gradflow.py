@@ -67,7 +67,7 @@ def perturbed_nll(family, params, batch, deltas, impl: str | None = None):
   sq = lambda a: jnp.sum(jnp.square(a.astype(jnp.float32)).reshape(a.shape[0], a.shape[1], -1), axis=-1)
   taps = []
   for i in range(dims.n_layers):
-    p, d = params["trunk"][f"block_{i}"], deltas[i]
+    p, d = layers.layer_params(params["trunk"], i), deltas[i]
     a = p["attn"]
     h = decode._norm(dims, p["attn_norm"], x)
     proj = lambda w: jnp.einsum("bsd,dhk->bshk", h, w.astype(h.dtype))

@@ -28,20 +28,16 @@ eval["val_feed_teacher"], eval["val_feed_bias"]. Other families have no state ch
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import hashlib
 import json
 import os
 import sys
 
-from nsl.errors import ConfigError, DataError, NslError, cli_main
+from nsl.errors import ArgumentParser, ConfigError, DataError, NslError, cli_main
 
 
-class Parser(argparse.ArgumentParser):
-  """argparse whose mistakes are NslErrors: one line on stderr and exit status 2."""
-
-  def error(self, message):
-    raise NslError(f"{self.prog}: {message}")
+Parser = ArgumentParser  # argparse whose mistakes are one line and exit status 2 (nsl.errors)
 
 
 def check_workdir(workdir: str) -> dict:
@@ -85,7 +81,7 @@ def _load_run(workdir: str):
     mesh = sharding.make_mesh(config)
   optimizer = train_state.make_optimizer(config)
   boxed = jax.eval_shape(lambda r: train_state.create(family.init(r), optimizer), jax.random.PRNGKey(0))
-  with mesh, nn.logical_axis_rules(sharding.rules(config)):
+  with nn.logical_axis_rules(sharding.rules(config)):
     shardings = sharding.logical_sharding(boxed, mesh, config)
   abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), nn.unbox(boxed),
                           shardings)
@@ -149,7 +145,7 @@ def evaluate(family, params, config, data_dir: str, split: str, batch_size: int,
 
   eval_step = jax.jit(with_rules)
   total = count = 0.0
-  with (mesh if mesh is not None else _null()):
+  with (sharding.use_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
     for batch in batches:
       batch = sharding.global_batch(batch, mesh) if mesh is not None else batch
       s, w = eval_step(params, batch)
@@ -160,12 +156,6 @@ def evaluate(family, params, config, data_dir: str, split: str, batch_size: int,
   return {"nll": total / count, "tokens": int(count), "batches": len(batches)}
 
 
-class _null:
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    return False
 
 
 def merge_result(workdir: str, key: str, values: dict, details: dict | None = None) -> dict:

@@ -97,7 +97,7 @@ def make_loglik(family, params, config, tokenizer, eos_id: int, batch_size: int 
         tok[r, :len(whole)], seg[r, :len(whole)] = whole, 1
         lengths.append((len(whole) - 1, min(len(cont), len(whole) - 1)))
       if mesh is not None:
-        with mesh:
+        with sharding.use_mesh(mesh):
           batch = sharding.global_batch({"tokens": tok, "segment": seg}, mesh)
           lp, greedy = score(params, batch["tokens"], batch["segment"])
       else:

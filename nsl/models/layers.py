@@ -34,6 +34,7 @@ class Dims:
   init_std: float = 0.02
   dtype: str = "float32"
   remat: str = "none"
+  scan_layers: bool = False
   attention_impl: str = "auto"
   attention_chunk: int = 512
 
@@ -43,15 +44,17 @@ class Dims:
 
   @property
   def compute_dtype(self):
-    """'auto' = bfloat16 on accelerators, float32 on CPU (where bfloat16 matmuls are emulated)."""
+    """'auto' = bfloat16 on accelerators, float32 on CPU (where bfloat16 matmuls are emulated);
+    the platform is the context mesh's, so a TPU compile from a CPU host gets bfloat16."""
     if self.dtype == "auto":
-      return jnp.dtype(jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
+      from nsl import sharding
+      return jnp.dtype(jnp.float32 if sharding.platform() == "cpu" else jnp.bfloat16)
     return jnp.dtype(self.dtype)
 
   @staticmethod
   def from_config(config, **overrides) -> "Dims":
     m = config.model
-    fields = {f.name: m[f.name] for f in dataclasses.fields(Dims)}
+    fields = {f.name: m.get(f.name, f.default) for f in dataclasses.fields(Dims)}
     fields.update(overrides)
     return Dims(**fields)
 
@@ -177,8 +180,22 @@ def remat_policy(name: str):
   return {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}.get(name)
 
 
+class ScannedBlock(Block):
+  """A Block as the body of `nn.scan`: (carry, broadcast inputs) -> (carry, None)."""
+
+  @nn.compact
+  def __call__(self, x_BSD, segment=None, block=None):
+    return super().__call__(x_BSD, segment, block), None
+
+
 class Stack(nn.Module):
-  """`n_layers` blocks under one rule, then a final RMSNorm: the shared trunk of every family."""
+  """`n_layers` blocks under one rule, then a final RMSNorm: the shared trunk of every family.
+
+  `dims.scan_layers`: the identical blocks as one `nn.scan` (MaxText's and Levanter's default),
+  so XLA compiles one layer body instead of `n_layers` copies; the remat policy sits inside the
+  scan. Parameters are then stacked under `layers` with a leading `layers` logical axis (kept
+  unsharded by the rules); `layer_params` reads one layer from either form.
+  """
 
   dims: Dims
   rule: masks.Rule
@@ -186,12 +203,28 @@ class Stack(nn.Module):
 
   @nn.compact
   def __call__(self, x_BSD, slots: attention.Slots):
-    block_cls = Block
-    if self.dims.remat != "none":
-      block_cls = nn.remat(Block, policy=remat_policy(self.dims.remat), static_argnums=())
-    for i in range(self.n_layers or self.dims.n_layers):
-      x_BSD = block_cls(self.dims, self.rule, slots.layout, name=f"block_{i}")(x_BSD, slots.segment, slots.block)
+    n = self.n_layers or self.dims.n_layers
+    remat = self.dims.remat != "none"
+    if self.dims.scan_layers:
+      body = ScannedBlock
+      if remat:
+        body = nn.remat(body, policy=remat_policy(self.dims.remat), prevent_cse=False)
+      scan = nn.scan(body, variable_axes={"params": 0}, split_rngs={"params": True},
+                     in_axes=(nn.broadcast, nn.broadcast), length=n,
+                     metadata_params={nn.PARTITION_NAME: "layers"})
+      x_BSD, _ = scan(self.dims, self.rule, slots.layout, name="layers")(x_BSD, slots.segment, slots.block)
+    else:
+      block_cls = nn.remat(Block, policy=remat_policy(self.dims.remat), static_argnums=()) if remat else Block
+      for i in range(n):
+        x_BSD = block_cls(self.dims, self.rule, slots.layout, name=f"block_{i}")(x_BSD, slots.segment, slots.block)
     return RMSNorm(self.dims.norm_eps, name="final_norm")(x_BSD)
+
+
+def layer_params(stack_params, i: int):
+  """Parameters of layer `i` of a Stack, scanned (`layers`, stacked on axis 0) or unrolled."""
+  if "layers" in stack_params:
+    return jax.tree.map(lambda a: a[i], stack_params["layers"])
+  return stack_params[f"block_{i}"]
 
 
 def next_token_targets(batch: dict[str, Any]):

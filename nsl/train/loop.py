@@ -11,7 +11,6 @@ import signal
 import time
 from typing import Any
 
-import flax.linen as nn
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
@@ -22,8 +21,7 @@ from nsl import config as nsl_config
 from nsl.data import pipeline, prepare
 from nsl.errors import ConfigError, NslError
 from nsl.models import registry
-from nsl.train import state as train_state
-from nsl.train import step as train_step_lib
+from nsl.train import program as program_lib
 
 FLOPS_CONVENTION = ("6 x params used per token (embedding counted once, as the tied head) + "
                     "12 x layers x d_model x visible attention pairs per token")
@@ -35,20 +33,25 @@ class _Preemption:
   def __init__(self):
     self.requested = False
     self._previous = None
+    self._depth = 0  # re-entrant: the Trainer holds it from __init__ (compile) to the end of run()
 
   def __enter__(self):
-    try:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:  # not the main thread (tests driving run() from a thread)
-      self._previous = None
+    if self._depth == 0:
+      try:
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+      except ValueError:  # not the main thread (tests driving run() from a thread)
+        self._previous = None
+    self._depth += 1
     return self
 
   def _handle(self, signum, frame):
     self.requested = True
 
   def __exit__(self, *exc):
-    if self._previous is not None:
+    self._depth = max(0, self._depth - 1)
+    if self._depth == 0 and self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
+      self._previous = None
 
   def should_stop(self, step: int) -> bool:
     if jax.process_count() > 1 and jax.default_backend() == "tpu":
@@ -97,32 +100,26 @@ class Trainer:
     """`devices`: the devices of the mesh (default: all). Tests use a subset to compare meshes."""
     self.config, self.workdir, self.restore_from = config, os.path.abspath(workdir), restore_from
     self.progress = progress
+    self._preemption = _Preemption().__enter__()  # SIGTERM while compiling still ends with a record
     devices = list(devices) if devices is not None else jax.devices()
-    nsl_config.validate(config, len(devices), jax.process_count())
+    # The compiled program is built by the same code as `nsl.compile`'s (one path, not a copy);
+    # it validates the config against the devices first.
+    self.program = p = program_lib.Program(config, devices)
     self.is_main = jax.process_index() == 0
+    self.lock = None
     if self.is_main:
       os.makedirs(self.workdir, exist_ok=True)
-    self.mesh = sharding.make_mesh(config, devices)
-    self.family = registry.get_family(config)
+      self.lock = checkpoint.WorkdirLock.acquire(self.workdir)  # a second trainer here refuses
+    self.mesh, self.family, self.optimizer, self.schedule = p.mesh, p.family, p.optimizer, p.schedule
+    self.state_sharding, self.abstract_state = p.state_sharding, p.abstract_state
+    self.counts, self.flops_per_token = p.counts, p.flops_per_token
+    self._train_step, self._eval_step, self._init = p.train_step, p.eval_step, p.init
     self.manifest = prepare_data(config)
     # "" for most families; a LIFT run names a non-own state feed (eval_val_nll_feed_teacher).
     self.eval_suffix = getattr(self.family, "eval_suffix", "")
     t = config.train
     self.tokens_per_step = config.data.seq_len * t.batch_size
-    self.optimizer = train_state.make_optimizer(config)
-    self.schedule = train_state.lr_schedule(config)
     self.base_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
-
-    boxed = jax.eval_shape(lambda r: train_state.create(self.family.init(r), self.optimizer),
-                           jax.random.PRNGKey(0))
-    with self.mesh, nn.logical_axis_rules(sharding.rules(config)):
-      self.state_sharding = sharding.logical_sharding(boxed, self.mesh, config)
-    sharding.check_divisible(nn.unbox(boxed), self.state_sharding)
-    self.abstract_state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                                       nn.unbox(boxed), self.state_sharding)
-    self.counts = self.family.param_counts(boxed.params)
-    self.flops_per_token = self.family.flops_per_token()
-    self._compile()
     self.train_iter = pipeline.make_train_iterator(
         config.data.path, seq_len=config.data.seq_len, global_batch_size=t.batch_size, seed=config.seed,
         process_index=jax.process_index(), process_count=jax.process_count(), verify=config.data.verify)
@@ -133,34 +130,17 @@ class Trainer:
                                                 keep=config.checkpoint.keep,
                                                 async_save=config.checkpoint.async_save)
 
-  def _compile(self):
-    rules = sharding.rules(self.config)
-    batch_sh, repl = sharding.batch_sharding(self.mesh), sharding.replicated(self.mesh)
-    step_fn = train_step_lib.make_train_step(self.family, self.optimizer, self.schedule, self.config.train.grad_accum)
-
-    def with_rules(fn):
-      def wrapped(*args):
-        with nn.logical_axis_rules(rules):
-          return fn(*args)
-      return wrapped
-
-    self._train_step = jax.jit(with_rules(step_fn), in_shardings=(self.state_sharding, batch_sh, repl),
-                               out_shardings=(self.state_sharding, repl), donate_argnums=(0,))
-    self._eval_step = jax.jit(with_rules(train_step_lib.make_eval_step(self.family)),
-                              in_shardings=(self.state_sharding.params, batch_sh), out_shardings=repl)
-    init = lambda r: train_state.create(nn.unbox(self.family.init(r)), self.optimizer)
-    self._init = jax.jit(with_rules(init), out_shardings=self.state_sharding)
-
   # -- state ------------------------------------------------------------------------------------
   def initial_state(self):
     """Latest checkpoint of this workdir, else --restore_from weights, else fresh parameters."""
-    latest = self.checkpointer.latest_step()
-    if latest is not None:
-      self._check_resumable(self.checkpointer.metadata(latest).get("config", {}))
-      state, _ = self.checkpointer.restore(latest, self.abstract_state, self.train_iter)
+    self.resumed_meta = {}
+    restored = self.checkpointer.restore_latest(self.abstract_state, self.train_iter,
+                                                check=lambda meta: self._check_resumable(meta.get("config", {})))
+    if restored is not None:
+      latest, state, self.resumed_meta = restored
       self._log(f"resumed from {self.checkpointer.directory}/{latest}")
       return state
-    with self.mesh:
+    with self.program.mesh_context():
       state = self._init(jax.random.PRNGKey(self.config.seed))
     if self.restore_from:
       params, step = checkpoint.restore_params(self.restore_from, self.abstract_state)
@@ -168,21 +148,17 @@ class Trainer:
       self._log(f"initialised parameters from {self.restore_from} (step {step})")
     return state
 
-  # Fields that define what the saved data position and parameters mean: resuming with other
-  # values would silently train on other data or another model.
-  _RESUME_FIXED = ("family", "seed", "model.variant", "model.d_model", "model.n_layers", "data.path",
-                   "data.seq_len", "train.batch_size")
-
   def _check_resumable(self, saved: dict[str, Any]) -> None:
-    now = nsl_config.to_dict(self.config)
-    for field in self._RESUME_FIXED:
-      a, b = saved, now
-      for part in field.split("."):
-        a, b = (a or {}).get(part), (b or {}).get(part)
-      if a is not None and a != b:
-        raise ConfigError(f"config.{field}={b!r} differs from the checkpoint in {self.checkpointer.directory} "
-                          f"({a!r}); resume with the same value, or use a new --workdir (with --restore_from "
-                          "to start from these weights)")
+    """Every field must equal the checkpoint's except `nsl_config.RESUME_MAY_CHANGE` (run length,
+    logging, evaluation, checkpointing, how attention is computed, the mesh): the others fix the
+    parameters' shapes, the data stream or the model's function."""
+    diff = nsl_config.resume_differences(saved, nsl_config.to_dict(self.config))
+    if diff:
+      field, was, now = diff[0]
+      more = f" (and {len(diff) - 1} more: {', '.join(d[0] for d in diff[1:4])})" if len(diff) > 1 else ""
+      raise ConfigError(f"config.{field}={now!r} differs from the checkpoint in {self.checkpointer.directory} "
+                        f"({was!r}){more}; resume with the same value, or use a new --workdir (with "
+                        "--restore_from to start from these weights)")
 
   def _log(self, msg: str) -> None:
     if self.is_main and self.progress:
@@ -190,7 +166,7 @@ class Trainer:
 
   def evaluate(self, params) -> float:
     total = count = 0.0
-    with self.mesh:
+    with self.program.mesh_context():
       for batch in self.eval_batches:
         s, w = self._eval_step(params, sharding.global_batch(batch, self.mesh))
         total += float(s)
@@ -203,33 +179,49 @@ class Trainer:
     start_time = time.time()
     state = self.initial_state()
     start = int(jax.device_get(state.step))
-    finished = self._finished_result(start)
-    if finished is not None:
-      self._log(f"{self.workdir} already finished {start} steps; nothing to do")
-      self.final_state = state
-      return finished
+    if start >= t.steps:
+      self._log(f"{self.workdir} already finished {start} steps; rewriting result.json from its checkpoint")
     if self.is_main:
       metrics.write_json(os.path.join(self.workdir, "config.json"), nsl_config.to_dict(cfg))
-    writer = metrics.MetricsWriter(self.workdir, enabled=self.is_main)
+    # A resumed run replays the steps after its checkpoint: their old lines (and a partial last
+    # line of a killed write) are dropped, so every step is logged once.
+    writer = metrics.MetricsWriter(self.workdir, enabled=self.is_main, resume_step=start)
     bar = metrics.Progress(t.steps, initial=start, enabled=self.is_main and self.progress, every=t.log_every)
     meta = {"config": nsl_config.to_dict(cfg)}
-    status, last_loss, eval_loss = "done", None, None
-    nonfinite_total = 0
+    # The run's own counters travel in every checkpoint, so a resumed (or re-finished) run
+    # reports the same figures as an uninterrupted one.
+    carried = self.resumed_meta.get("record", {}) if int(self.resumed_meta.get("step", -1)) == start else {}
+    status, last_loss, eval_loss = "done", carried.get("last_loss"), carried.get("eval_val")
+    eval_step = carried.get("eval_step")
+    nonfinite_total = int(carried.get("nonfinite_total", 0))
+    nonfinite_since = None  # on-device sum of the per-step flags since the last log line
+    wall_before = float(carried.get("wall_time_sec", 0.0))
     tick, tick_step = time.time(), start
     step = start
+
+    def record_meta():
+      meta["record"] = {"last_loss": last_loss, "eval_val": eval_loss, "eval_step": eval_step,
+                        "nonfinite_total": nonfinite_total,
+                        "wall_time_sec": wall_before + time.time() - start_time}
+      return meta
+
     try:
-      with _Preemption() as preemption, self.mesh:
-        while step < t.steps:
+      with self._preemption as preemption, self.program.mesh_context():
+        if preemption.should_stop(step):  # SIGTERM arrived while compiling or restoring
+          status = "preempted"
+        while step < t.steps and status == "done":
           batch = sharding.global_batch(next(self.train_iter), self.mesh)
           state, m = self._train_step(state, batch, self.base_rng)
           step += 1
+          nonfinite_since = m["nonfinite"] if nonfinite_since is None else nonfinite_since + m["nonfinite"]
           if step % t.log_every == 0 or step == t.steps:
             m = jax.device_get(m)
             now = time.time()
             perf = metrics.throughput((step - tick_step) * self.tokens_per_step, now - tick, self.flops_per_token,
                                       self.mesh.size)
             tick, tick_step = now, step
-            nonfinite_total += int(m["nonfinite"])
+            nonfinite_total += int(jax.device_get(nonfinite_since))
+            nonfinite_since = None
             last_loss = float(m["loss"])
             record = {k: float(v) for k, v in m.items() if k != "nonfinite"}
             record.update(perf, tokens=step * self.tokens_per_step, nonfinite=int(m["nonfinite"]),
@@ -243,19 +235,27 @@ class Trainer:
                              f"(train.max_nonfinite={t.max_nonfinite}); the last good checkpoint is kept "
                              "in the workdir — lower train.lr or check the data")
           if step % t.eval_every == 0 and step < t.steps:
-            eval_loss = self.evaluate(state.params)
+            eval_loss, eval_step = self.evaluate(state.params), step
             writer.write(step, {"eval_val_nll" + self.eval_suffix: eval_loss})
           if step % cfg.checkpoint.every == 0 and step < t.steps:
-            self.checkpointer.save(step, state, self.train_iter, meta)
+            if nonfinite_since is not None:  # the count in the checkpoint is exact at its step
+              nonfinite_total += int(jax.device_get(nonfinite_since))
+              nonfinite_since = None
+            self.checkpointer.save(step, state, self.train_iter, record_meta())
           if preemption.should_stop(step):
             status = "preempted"
             break
-      if self.checkpointer.latest_step() != step:
-        self.checkpointer.save(step, state, self.train_iter, meta, force=True)
-      self.checkpointer.wait()
-      if status == "done":
-        eval_loss = self.evaluate(state.params)
+      if nonfinite_since is not None:
+        nonfinite_total += int(jax.device_get(nonfinite_since))
+        nonfinite_since = None
+      if status == "done" and eval_step != step:
+        # Evaluated before the final checkpoint, which then records it: a kill between the two
+        # writes costs only this evaluation, and a rerun rewrites result.json from the checkpoint.
+        eval_loss, eval_step = self.evaluate(state.params), step
         writer.write(step, {"eval_val_nll" + self.eval_suffix: eval_loss})
+      if self.checkpointer.latest_step() != step:
+        self.checkpointer.save(step, state, self.train_iter, record_meta(), force=True)
+      self.checkpointer.wait()
     except BaseException:
       if status != "failed":
         status = "failed"
@@ -263,24 +263,21 @@ class Trainer:
     finally:
       bar.close()
       writer.close()
-      self.checkpointer.close()
-      result = self._result(status, step, last_loss, eval_loss, time.time() - start_time, nonfinite_total)
-      if self.is_main:
-        metrics.write_json(os.path.join(self.workdir, "result.json"), result)
-        if status == "done":
-          from nsl import plots
-          plots.loss_curve(self.workdir)
+      try:
+        self.checkpointer.close()
+      finally:
+        result = self._result(status, step, last_loss, eval_loss, wall_before + time.time() - start_time,
+                              nonfinite_total)
+        if self.is_main:
+          metrics.write_json(os.path.join(self.workdir, "result.json"), result)
+          if status == "done":
+            from nsl import plots
+            plots.loss_curve(self.workdir)
+        self._preemption.__exit__(None, None, None)
+        if self.lock is not None:
+          self.lock.release()
     self.final_state = state
     return result
-
-  def _finished_result(self, step: int) -> dict[str, Any] | None:
-    path = os.path.join(self.workdir, "result.json")
-    if step < self.config.train.steps or not os.path.exists(path):
-      return None
-    import json
-    with open(path) as f:
-      result = json.load(f)
-    return result if result.get("status") == "done" and result.get("steps") == step else None
 
   def _result(self, status, step, last_loss, eval_loss, wall, nonfinite_total) -> dict[str, Any]:
     tokens = step * self.tokens_per_step

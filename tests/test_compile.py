@@ -1,0 +1,139 @@
+"""Ahead-of-time TPU compiles from this CPU host (nsl.compile, nsl.topology, nsl.train.program).
+
+libtpu's real XLA:TPU and Mosaic compilers run against the devices of a compile-only v5e 2x2
+topology: the trainer's own train step must compile for every family with `attention_impl=auto`
+choosing splash (Mosaic kernels in the executable), bfloat16 for `dtype=auto`, and a step that
+cannot fit must be refused in one line. Shapes are tiny: one compile per family.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from nsl import config as nsl_config
+from nsl.errors import ConfigError
+
+from tests.helpers import ROOT
+
+pytest.importorskip("libtpu", reason="the [tpu] extra (libtpu) runs TPU compiles on any host")
+
+from nsl import compile as nsl_compile  # noqa: E402
+from nsl import topology  # noqa: E402
+from nsl.train import program as program_lib  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def v5e_2x2():
+  return topology.get("v5e-4")
+
+
+def _config(name, **overrides):
+  pairs = [("model.n_layers", "2"), ("train.batch_size", "4"), ("model.attention_impl", "auto")]
+  pairs += [(k, str(v)) for k, v in overrides.items()]
+  return nsl_config.load_config(os.path.join(ROOT, "configs", name), pairs)
+
+
+# One config per family, tiny: the step the trainer runs, compiled for 4 v5e chips.
+FAMILY_CONFIGS = ["standard_tiny.py", "sps_tiny.py", "dd_tiny.py", "sed_tiny.py", "lift_tiny.py",
+                  "nextlat_tiny.py", "mtp_tiny.py"]
+
+
+@pytest.mark.parametrize("name", FAMILY_CONFIGS)
+def test_every_familys_train_step_compiles_for_a_tpu_slice_with_splash(v5e_2x2, name):
+  overrides = {"model.dtype": "auto"}
+  if name == "dd_tiny.py":
+    overrides["model.n_layers"] = 3  # the 2:1 context/generation split
+  if name == "sed_tiny.py":
+    # Span corruption leaves encoder/decoder lengths off splash's 128-lane grid (114/24 at 128
+    # tokens); at 680 tokens the decoder is 128 slots (splash) and the 604-slot encoder runs chunked.
+    overrides["data.seq_len"] = 680
+  config = _config(name, **overrides)
+  program = program_lib.Program(config, v5e_2x2.devices)
+  record, compiled = nsl_compile.report(config, program, v5e_2x2)
+  assert record["platform"] == "tpu" and record["attention_impl"] == "splash"
+  assert record["dtype"] == "bfloat16"  # dtype=auto follows the mesh, not this CPU host
+  assert record["mosaic_kernels"] > 0, "splash must run compiled (Mosaic), under shard_map"
+  assert record["fits"] and 0 < record["peak_bytes"] < record["hbm_bytes_per_chip"]
+  assert record["mesh"] == {"data": 4, "fsdp": 1, "tensor": 1}
+  assert compiled is not None
+
+
+def test_scanned_layers_compile_to_one_body_with_the_same_parameters(v5e_2x2):
+  unrolled = program_lib.Program(_config("sps_tiny.py", **{"model.scan_layers": False}), v5e_2x2.devices)
+  scanned = program_lib.Program(_config("sps_tiny.py", **{"model.scan_layers": True}), v5e_2x2.devices)
+  assert scanned.counts == unrolled.counts
+  assert scanned.flops_per_token == unrolled.flops_per_token
+  layers = scanned.abstract_state.params["trunk"]["layers"]
+  wq = layers["attn"]["wq"]
+  assert wq.shape[0] == 2 and wq.sharding.spec[0] is None  # leading `layers` axis, unsharded
+  record, _ = nsl_compile.report(scanned.config, scanned, v5e_2x2)
+  assert record["mosaic_kernels"] > 0 and record["scan_layers"]
+
+
+def test_the_cli_prints_one_json_line_and_compiles_eval_too():
+  proc = subprocess.run(
+      [sys.executable, "-m", "nsl.compile", "--config=configs/sps_tiny.py", "--topology=v5e:2x2", "--eval",
+       "--config.model.n_layers=1", "--config.train.batch_size=4"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr
+  lines = proc.stdout.strip().splitlines()
+  assert len(lines) == 1
+  record = json.loads(lines[0])
+  assert record["topology_name"] == "v5e:2x2" and record["chips"] == 4 and record["hosts"] == 1
+  assert record["mosaic_kernels"] > 0 and record["eval"]["mosaic_kernels"] > 0
+  assert 0.5 < record["flops_ratio"] < 1.5
+  assert proc.stderr.strip() == "", "libtpu's start-up noise must not reach the user"
+
+
+def test_a_step_that_cannot_fit_is_one_line_and_exit_2():
+  # A 4M-token vocabulary replicated on 16 GiB chips: the logits alone overflow HBM.
+  proc = subprocess.run(
+      [sys.executable, "-m", "nsl.compile", "--config=configs/tiny.py", "--topology=v5e-4",
+       "--config.model.vocab_size=4194304", "--config.train.batch_size=8", "--config.model.n_layers=1"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 2, proc.stderr
+  err = proc.stderr.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("nsl: error:")
+  assert "does not fit on v5e-4" in err[0] and "GiB" in err[0] and "fsdp" in err[0]
+  assert json.loads(proc.stdout)["fits"] is False
+
+
+@pytest.mark.parametrize("name, generation, shape, chips", [
+    ("v5p-64", "v5p", (2, 4, 4), 32),  # v4/v5p names count TensorCores: 2 per chip
+    ("v4-32", "v4", (2, 2, 4), 16),
+    ("v5e-256", "v5e", (16, 16), 256),  # v5e/v6e names count chips
+    ("v5litepod-16", "v5e", (4, 4), 16),
+    ("v6e-64", "v6e", (8, 8), 64),
+    ("v5e:4x4", "v5e", (4, 4), 16),
+    ("V5P:2x2x1", "v5p", (2, 2, 1), 4),
+])
+def test_topology_names_as_cloud_tpu_writes_them(name, generation, shape, chips):
+  g, parsed = topology.parse(name)
+  assert (g.name, parsed) == (generation, shape)
+  assert topology.Slice(name, g, parsed, []).chips == chips
+
+
+@pytest.mark.parametrize("name", ["v5p-63", "v7x-8", "tpu", "v5p-6", "v5e-12"])
+def test_unknown_topologies_list_the_known_names(name):
+  with pytest.raises(ConfigError, match="known: v4-8 .*v5p-64 .*v6e-256"):
+    topology.parse(name)
+
+
+def test_a_shape_of_the_wrong_rank_names_the_form():
+  with pytest.raises(ConfigError, match="v5e slices are 2-D"):
+    topology.parse("v5e:4x4x4")
+
+
+def test_hosts_follow_cloud_tpus_four_chips_per_host():
+  sl = topology.get("v5p-64")
+  assert sl.chips == 32 and len(sl.devices) == 32 and sl.hosts == 8
+  assert topology.get("v5e-8").hosts == 1  # the single-host v5e slice
+
+
+def test_a_mesh_that_does_not_fit_the_slice_is_a_config_error(v5e_2x2):
+  config = _config("tiny.py", **{"mesh.shape": "(3, -1, 1)"})
+  with pytest.raises(ConfigError, match="mesh.shape"):
+    program_lib.Program(config, v5e_2x2.devices)
