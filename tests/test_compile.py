@@ -137,3 +137,21 @@ def test_a_mesh_that_does_not_fit_the_slice_is_a_config_error(v5e_2x2):
   config = _config("tiny.py", **{"mesh.shape": "(3, -1, 1)"})
   with pytest.raises(ConfigError, match="mesh.shape"):
     program_lib.Program(config, v5e_2x2.devices)
+
+
+def test_the_fits_table_keeps_the_smallest_fitting_slice_per_generation(tmp_path):
+  from nsl import fits
+
+  assert fits.slices_for("v5p")[:3] == ["v5p-8", "v5p-16", "v5p-32"]
+  assert fits.slices_for("v5e")[:2] == ["v5e-1", "v5e-4"]
+  rows = [
+      {"config": "configs/sps_xl.py", "generation": "v5p", "topology": "v5p-32", "chips": 16, "fits": False},
+      {"config": "configs/sps_xl.py", "generation": "v5p", "topology": "v5p-64", "chips": 32, "fits": True,
+       "remat": "full", "peak_bytes": 40 * 2**30, "compile_seconds": 61.0},
+      {"config": "configs/sps_xl.py", "generation": "v5p", "done": True, "fits": False},
+      {"config": "configs/sps_xl.py", "generation": "v5e", "done": True, "fits": False},
+  ]
+  path = tmp_path / "fits.jsonl"
+  path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"partial")  # an interrupted last line
+  text = fits.table(fits.load(str(path)), ["v5p", "v5e", "v6e"])
+  assert "| sps_xl.py | v5p-64 fsdp 32, remat full, 40.0 GiB, 61 s | no slice (see text) | not run |" in text
