@@ -40,6 +40,7 @@ runs the kernel on its local batch and heads (the mask is the same for every hea
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import math
@@ -116,6 +117,16 @@ class _Spec:
 
 @functools.lru_cache(maxsize=64)
 def _kernel(spec: _Spec):
+  """The splash kernel for `spec`, built on a fresh thread. Building it turns the host-side block
+  map into arrays that the kernel closes over; JAX's trace and mesh contexts are thread-local,
+  so a thread without them yields concrete host arrays even when the first call comes from inside
+  a trace (e.g. the partial evaluation of `nn.scan`'s gradient), where `ensure_compile_time_eval`
+  alone leaks tracers into the cached kernel."""
+  with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+    return pool.submit(_build_kernel, spec).result()
+
+
+def _build_kernel(spec: _Spec):
   mask = RuleMask(spec.rule, spec.q_layout, spec.k_layout)
   bq, bk = spec.block_q, spec.block_kv
   block_sizes = sk.BlockSizes(block_q=bq, block_kv=bk, block_kv_compute=bk, block_q_dkv=bq,
