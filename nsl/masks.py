@@ -160,6 +160,36 @@ def dense_mask(rule: Rule, q_layout: Layout, k_layout: Layout, q_dynamic: Mappin
   return visible(rule, _expand(q, -1), _expand(k, -2))
 
 
+def _key_intervals(rule: Rule, q_fields: Mapping[str, np.ndarray], k_layout: "Layout"):
+  """For each key kind: (slot indices of that kind, their rank in an order where every query's
+  visible keys of that kind form one interval, lo [Sq], hi [Sq]) — or None when the layout has no
+  such order (then callers evaluate the rule tile by tile).
+
+  Causal rules order keys by (pos, tok): the keys with pos <= pos(q) are a prefix; with a window
+  the keys with tok >= tok(q) - w are a suffix only if tok never decreases along that order
+  (true of every nsl layout: a slot's token index follows its logical position). Non-causal
+  rules order keys by tok. O(S log S) time and O(S) memory; dynamic fields are not read.
+  """
+  q_pos, q_tok = q_fields["pos"].astype(np.int64), q_fields["tok"].astype(np.int64)
+  k_pos, k_tok, k_kind = (k_layout.pos.astype(np.int64), k_layout.tok.astype(np.int64), k_layout.kind)
+  out = []
+  for kind, window in ((PERSISTENT, rule.persistent_window), (TEMPORARY, rule.window)):
+    idx = np.flatnonzero(k_kind == kind)
+    if idx.size == 0:
+      continue
+    p, t = k_pos[idx], k_tok[idx]
+    order = np.lexsort((t, p)) if rule.causal else np.argsort(t, kind="stable")
+    ps, ts = p[order], t[order]
+    if window is not None and rule.causal and ts.size > 1 and np.any(ts[1:] < ts[:-1]):
+      return None
+    hi = np.searchsorted(ps, q_pos, side="right") if rule.causal else np.full(q_pos.shape, idx.size)
+    lo = np.searchsorted(ts, q_tok - window, side="left") if window is not None else np.zeros(q_pos.shape, np.int64)
+    rank = np.empty(idx.size, np.int64)
+    rank[order] = np.arange(idx.size)
+    out.append((idx, rank, lo, np.maximum(hi, lo)))
+  return out
+
+
 @functools.lru_cache(maxsize=256)
 def block_map(rule: Rule, q_layout: Layout, k_layout: Layout, block_q: int, block_k: int) -> np.ndarray:
   """Host-side tile classification [Sq/block_q, Sk/block_k]: EMPTY, PARTIAL or FULL.
@@ -167,15 +197,47 @@ def block_map(rule: Rule, q_layout: Layout, k_layout: Layout, block_q: int, bloc
   Computed from the static layout only. A tile is EMPTY when no (q, k) pair in it can be visible
   whatever the dynamic fields are; FULL when every pair is visible and the rule reads no dynamic
   field; PARTIAL otherwise. Backends skip EMPTY tiles and need no mask on FULL ones.
-  Cost is O(Sq·Sk) booleans evaluated tile by tile (one tile row at a time) on the host.
+  Cost: each query's visible keys of a kind are one interval of ranks (`_key_intervals`) and each
+  key tile's keys of a kind one range of ranks, so a tile's count is an interval overlap:
+  O(Sq · Sk/block_k) time and O(S + tiles) memory, never the slot-by-slot mask. Layouts without
+  that structure fall back to evaluating the rule one tile row at a time.
   """
   sq, sk = q_layout.num_slots, k_layout.num_slots
   if sq % block_q or sk % block_k:
     raise ValueError(f"slots ({sq}, {sk}) must be multiples of the blocks ({block_q}, {block_k})")
   nq, nk = sq // block_q, sk // block_k
-  out = np.empty((nq, nk), dtype=np.int8)
-  qf, kf = q_layout.fields(), k_layout.fields()
   has_dynamic = bool(rule.dynamic_fields)
+  intervals = _key_intervals(rule, q_layout.fields(), k_layout)
+  ranges = []
+  if intervals is not None:
+    for idx, rank, lo, hi in intervals:
+      tile = idx // block_k
+      count = np.bincount(tile, minlength=nk)
+      first = np.full(nk, np.iinfo(np.int64).max)
+      last = np.full(nk, -1, np.int64)
+      np.minimum.at(first, tile, rank)
+      np.maximum.at(last, tile, rank)
+      present = count > 0
+      if np.any(last[present] - first[present] + 1 != count[present]):
+        intervals = None  # a tile's keys are not one range of ranks: evaluate the rule instead
+        break
+      ranges.append((np.where(present, first, 0), np.where(present, last + 1, 0), lo, hi))
+  out = np.empty((nq, nk), dtype=np.int8)
+  if intervals is not None:
+    rows = max(1, (1 << 22) // max(1, nk * block_q))  # query tiles per chunk: bounded memory
+    for i0 in range(0, nq, rows):
+      sl = slice(i0 * block_q, min(nq, i0 + rows) * block_q)
+      seen = None
+      for a, b, lo, hi in ranges:
+        ov = np.minimum(hi[sl, None], b[None, :]) - np.maximum(lo[sl, None], a[None, :])
+        ov = np.maximum(ov, 0)
+        seen = ov if seen is None else seen + ov
+      seen = seen.reshape(-1, block_q, nk)
+      any_vis = seen.max(axis=1) > 0
+      all_vis = seen.min(axis=1) == block_k
+      out[i0:i0 + seen.shape[0]] = np.where(any_vis, np.where(all_vis & (not has_dynamic), FULL, PARTIAL), EMPTY)
+    return out
+  qf, kf = q_layout.fields(), k_layout.fields()
   for i in range(nq):
     sl = slice(i * block_q, (i + 1) * block_q)
     q = {n: a[sl][:, None] for n, a in qf.items()}
@@ -188,7 +250,14 @@ def block_map(rule: Rule, q_layout: Layout, k_layout: Layout, block_q: int, bloc
 
 
 def visible_pairs(rule: Rule, q_layout: Layout, k_layout: Layout) -> int:
-  """Number of visible (q, k) pairs of one row under the static rule (for FLOP counting)."""
+  """Number of visible (q, k) pairs of one row under the static rule (for FLOP counting).
+
+  Counted analytically from intervals (`_key_intervals`): O(S log S) time, O(S) memory, so
+  `--mode=describe` of a long-context config stays instant. Layouts without that structure are
+  counted tile by tile (bounded memory, quadratic time)."""
+  intervals = _key_intervals(rule, q_layout.fields(), k_layout)
+  if intervals is not None:
+    return int(sum(int((hi - lo).sum()) for _, _, lo, hi in intervals))
   qf, kf = q_layout.fields(), k_layout.fields()
   total = 0
   step = max(1, (1 << 22) // max(1, k_layout.num_slots))
