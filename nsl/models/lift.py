@@ -24,7 +24,10 @@ REFERENCES §3, every choice configurable under `config.lift`:
 - **Teacher states** (`lift.teacher`): `labels` = an oracle teacher whose next-state is the
   one-hot target (for synthetic tasks like S5, whose targets *are* the states; top-k and τ leave
   a one-hot unchanged); a run directory = a frozen nsl model (`nsl.models.teacher`), its
-  states computed in parallel (teacher forcing) on the fly; `precomputed` = top-k indices and
+  states those it produces at inference, teacher-forced on the batch's tokens and computed on
+  the fly: one parallel forward for a standard run, its own states fed back token by token with
+  the KV cache, document by document, for a LIFT-family run (`token_logits(feed='own')`);
+  `precomputed` = top-k indices and
   values carried by the batch (`teacher_idx`, `teacher_val`; `python -m nsl.models.teacher
   precompute`).
 - **Prefix state dropout** (`lift.state_dropout` = p): with probability p per sequence, the
@@ -47,11 +50,19 @@ Variants: `lift` (above); `lift_no_states` (the same parameters, channel off: ev
 b; CE only); `distill` (no fusion, no channel: a standard transformer with CE + λ·KL to the
 teacher); `lift_rnn` (sequential feedback of the model's own states during training: a
 no-gradient cached pass, exactly inference, produces the states the gradient pass is fed;
-CE + λ·KL when a teacher is set; for small models — T sequential steps per batch).
+CE + λ·KL when a teacher is set; for small models — T sequential steps per batch). That pass
+respects packed documents exactly like the parallel forward: the initial state at every
+document start, no attention across documents (`rnn_fed_states`).
 
-Inference: `feedback_logits` runs teacher-forced tokens with own-state feedback and a KV cache
-(`recompute_feedback_logits` is the O(T) reference that reruns the full prefix per token);
-`generate` decodes greedily.
+Inference: `feedback_logits` runs teacher-forced tokens with own-state feedback and a KV cache,
+packed rows document by document (`recompute_feedback_logits` is the O(T) reference that reruns
+the full prefix per token); `generate` decodes greedily.
+
+Evaluation (`token_logits` / `eval_nll`, EVAL_FEEDS): `own` = the states the run feeds itself at
+inference (own states for lift and lift_rnn, b for lift_no_states; the paper's metric),
+`teacher` = the teacher's states in parallel, `bias` = b. The trainer's eval is
+`lift.eval_feed` (own: `eval_val_nll`; another feed: `eval_val_nll_feed_<feed>`), and
+`python -m nsl.evals.nll --feed` records each feed under its own key.
 """
 
 from __future__ import annotations
@@ -394,10 +405,19 @@ class LiftFamily(Family):
   @property
   def teacher(self):
     if self._teacher is None and self.spec.teacher not in ("", "labels", "precomputed"):
+      import concurrent.futures
+
       from nsl.models import teacher as teacher_lib
-      # First used inside the traced loss: restore the checkpoint eagerly, not as traced values.
-      with jax.ensure_compile_time_eval():
-        self._teacher = teacher_lib.Teacher.load(self.spec.teacher, self.config)
+
+      def load():
+        t = teacher_lib.Teacher.load(self.spec.teacher, self.config)
+        t.params = jax.device_get(t.params)  # host constants of the student's step, on any mesh
+        return t
+
+      # First used inside the traced loss, under the trainer's mesh: a fresh thread restores the
+      # checkpoint outside that trace and mesh context (both are thread-local), eagerly.
+      with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        self._teacher = pool.submit(load).result()
     return self._teacher
 
   def teacher_states(self, batch, targets_BT, weights_BT):
