@@ -97,6 +97,10 @@ def paper_recipe(c: ml_collections.ConfigDict, size: str, tokens: float = 20e9) 
   c.model.vocab_size = 50304
   c.model.dtype = "auto"  # bfloat16 on TPU/GPU, float32 on CPU
   c.model.scan_layers = True  # XL compiles in a fraction of the unrolled time (README "Before you book a pod")
+  # README "What fits where" (python -m nsl.fits): every chip on FSDP (the batch of 96 divides over
+  # up to 32 chips), and full remat, without which the scanned XL step needs 135 GiB a v5p chip.
+  c.mesh.shape = (1, -1, 1)
+  c.model.remat = "full"
   c.data.seq_len = 4096
   c.data.tokenizer = "gpt2"
   c.data.path = "data/fineweb-edu-gpt2"
