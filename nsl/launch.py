@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 from nsl.errors import ArgumentParser, ConfigError, cli_main
@@ -97,7 +98,12 @@ def init_distributed(args) -> None:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+  early_sigterm = []
   if args.mode == "train":
+    try:  # a SIGTERM before the trainer installs its own handler still ends in a "preempted" record
+      signal.signal(signal.SIGTERM, lambda signum, frame: early_sigterm.append(signum))
+    except ValueError:  # not the main thread
+      pass
     init_distributed(args)  # before anything touches the XLA backend
   from nsl import config as nsl_config
 
@@ -116,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     check_workdir(args.workdir)
   from nsl.train import loop
 
-  result = loop.Trainer(config, args.workdir, restore_from=args.restore_from, progress=not args.quiet).run()
+  trainer = loop.Trainer(config, args.workdir, restore_from=args.restore_from, progress=not args.quiet)
+  if early_sigterm:
+    trainer._preemption.requested = True
+  result = trainer.run()
   summary = {k: result.get(k) for k in ("status", "steps", "tokens", "final_loss", "eval")}
   print(json.dumps(summary, sort_keys=True))
   return 0

@@ -232,3 +232,21 @@ def test_disk_full_while_training_is_one_line(data_dir, tmp_path, capsys):
   assert launch.main([f"--config={cfg}", f"--workdir={workdir}", "--quiet"]) == 2
   errors = [l for l in capsys.readouterr().err.splitlines() if l.startswith("nsl: error")]
   assert len(errors) == 1 and "disk full writing" in errors[0] and "bytes free" in errors[0], errors
+
+
+def test_sigterm_right_after_start_through_the_cli_leaves_a_record(data_dir, tmp_path):
+  import time
+  from tests.helpers import SUBPROCESS_XLA_FLAGS
+  cfg = tmp_path / "cfg.py"
+  cfg.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom tests.helpers import tiny_config\n"
+                 f"def get_config():\n  return tiny_config({data_dir!r})\n")
+  workdir = tmp_path / "run"
+  proc = subprocess.Popen([sys.executable, "-m", "nsl.launch", f"--config={cfg}", f"--workdir={workdir}", "--quiet"],
+                          cwd=ROOT, env=dict(os.environ, XLA_FLAGS=SUBPROCESS_XLA_FLAGS),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  time.sleep(1.0)  # importing JAX, loading the config: before the trainer exists
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err
+  assert _strict_json(workdir / "result.json")["status"] == "preempted"
+  assert json.loads(out.strip().splitlines()[-1])["status"] == "preempted"
