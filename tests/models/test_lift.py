@@ -406,3 +406,13 @@ def test_lift_rnn_teacher_states_are_its_own_feedback(tmp_path):
   pre = lift.LiftFamily(pc).teacher_states(pb, pt, pw)
   fly = fam.teacher_states({"tokens": pb["tokens"], "segment": pb["segment"]}, pt, pw)
   np.testing.assert_allclose(pre, fly, atol=2e-3)
+
+
+def test_cached_feedback_keeps_the_sliding_window():
+  c = tiny_config("lift", top_k=5)
+  c.model.window = 2
+  fam = lift.LiftFamily(c)
+  params = loud(nn.unbox(fam.init(jax.random.PRNGKey(0))))
+  toks = batch(3, b=2, t=7)["tokens"]
+  np.testing.assert_allclose(jax.jit(fam.feedback_logits)(params, toks), fam.recompute_feedback_logits(params, toks),
+                             rtol=1e-4, atol=1e-4)
