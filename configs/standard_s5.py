@@ -1,7 +1,8 @@
 """S5 state tracking (REFERENCES §3): the 2-layer standard transformer baseline.
 
-Data: generated into data/s5 on first use (or `python -m nsl.data.tasks.s5 --out=data/s5`);
-train lengths N in [1, 16]; one sequence per window, so seq_len = 17. Evaluate with `python -m nsl.evals.length_generalization --runs=...`.
+Step 1 of the S5 pipeline (README "LIFT"). Data: generated into data/s5 on first use (or
+`python -m nsl.data.tasks.s5 --out=data/s5`); train lengths N in [1, 16]; one sequence per
+window, so seq_len = 17. Evaluate with `python -m nsl.evals.length_generalization --runs=...`.
 Model: 2 layers, d=256, 4 heads, SwiGLU 768: 1.74M parameters (the paper's "≈2M"). Fewer steps
 than the paper (5,000) so a model trains in minutes on 2 CPU cores; raise train.steps for more.
 Seeds: --config.seed=0/1/2.
