@@ -17,6 +17,9 @@ def variant_config(variant: str, family: str = "sps"):
   c.model.n_layers = 4
   c.model.n_heads = 4
   c.model.d_ff = 384
+  # BPE 4096 + the <predict> row (id 4096, sps.predict_token_id_of), padded to a multiple of 64;
+  # the same for every variant (standard included) so the five differ only in the variant.
+  c.model.vocab_size = 4160
   c.model.window = None if variant in ("twox_memory", "standard") else 16
   if family == "sps":  # same losses as "interleaved", faster (nsl.models.sps.DEFAULT_LAYOUT)
     c.model.layout = "stream_major"

@@ -13,9 +13,12 @@ from tests.helpers import tiny_config
 PROMPT, NEW = 5, 9  # 14 tokens: the rings of w <= 3 wrap several times
 
 
-def _family(variant, window, layout="stream_major", family="sps", init=True):
+def _family(variant, window, layout="stream_major", family="sps", init=True, rho="tied"):
+  # vocab: the 257 byte ids + the <predict> row 257 (SPS's tied ρ), padded to a multiple of 8
   c = tiny_config("/nonexistent", **{"family": family, "model.variant": variant, "model.window": window,
-                                     "model.attention_impl": "xla", "data.seq_len": 16})
+                                     "model.attention_impl": "xla", "data.seq_len": 16, "model.vocab_size": 264})
+  if family == "sps":
+    c.model.predict_embedding = rho
   c.model.layout = layout
   fam = registry.get_family(c)
   if not init:
@@ -26,7 +29,8 @@ def _family(variant, window, layout="stream_major", family="sps", init=True):
 def random_params(fam, seed=1, std=0.06):
   """Parameters of the family's shapes drawn on the host (no XLA compile of the initialiser):
   matrices N(0, std²) — sharper than the 0.02 of initialisation, so greedy choices are not
-  near-ties and windows matter — norm gains 1, the <predict> vector N(0, 1)."""
+  near-ties and windows matter — norm gains 1, a separate <predict> vector N(0, 1) (a tied ρ is an
+  embedding row like the others)."""
   rng = np.random.default_rng(seed)
   shapes = nn.unbox(jax.eval_shape(fam.init, jax.random.PRNGKey(0)))
 
@@ -46,18 +50,19 @@ def _prompt(rows=2):
 # Each variant once (every case compiles its own prefill and decode loop): rings of w = 0 (none),
 # 1 and 3, both prefill layouts; the standard family shares its compiled programs with the sps
 # family's standard variant (same plan), which the window in the sps family does not touch.
-CASES = [("standard", 64, "stream_major", "sps"), ("sps", 0, "interleaved", "sps"),
-         ("twox_memory", None, "stream_major", "sps"), ("delayed_state", 3, "stream_major", "sps"),
-         ("reverse_sps", 1, "interleaved", "sps")]
+# ρ is the tied embedding row by default; one case keeps the separate <predict> vector.
+CASES = [("standard", 64, "stream_major", "sps", "tied"), ("sps", 0, "interleaved", "sps", "tied"),
+         ("twox_memory", None, "stream_major", "sps", "tied"), ("delayed_state", 3, "stream_major", "sps", "tied"),
+         ("reverse_sps", 1, "interleaved", "sps", "tied"), ("sps", 1, "stream_major", "sps", "separate")]
 
 
-@pytest.mark.parametrize("variant,window,layout,family", CASES)
-def test_cached_generation_equals_full_recomputation(variant, window, layout, family):
-  fam, params = _family(variant, window, layout, family)
+@pytest.mark.parametrize("variant,window,layout,family,rho", CASES)
+def test_cached_generation_equals_full_recomputation(variant, window, layout, family, rho):
+  fam, params = _family(variant, window, layout, family, rho=rho)
   prompt = _prompt()
   toks, logits = decode.generate(fam, params, prompt, NEW)
   ref_toks, ref_logits = decode.generate_uncached(fam, params, prompt, NEW)
-  assert toks.shape == (2, NEW) and logits.shape == (2, NEW, 257)
+  assert toks.shape == (2, NEW) and logits.shape == (2, NEW, 264)
   np.testing.assert_array_equal(toks, ref_toks)
   np.testing.assert_allclose(logits, ref_logits, atol=1e-4)
 

@@ -27,7 +27,9 @@ def get_grid():
       },
       "axes": {
           "family": [{"_label": "standard", "family": "standard", "model.variant": "standard", "model.window": None},
-                     {"_label": "sps", "family": "sps", "model.variant": "sps", "model.window": 16}],
+                     # SPS's tied <predict> row needs one id past the 257 bytes (sps.predict_token_id_of)
+                     {"_label": "sps", "family": "sps", "model.variant": "sps", "model.window": 16,
+                      "model.vocab_size": 264}],
           "size": [_size(32), _size(48), _size(64)],
           "tokens": [32 * tokens_per_step, 64 * tokens_per_step, 128 * tokens_per_step],
       },

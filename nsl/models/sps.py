@@ -1,7 +1,12 @@
 """The SPS family: state-prediction separation and its baselines (REFERENCES §1).
 
-A sequence of T tokens becomes 2T slots: the token x_i and a learned `<predict>` vector ρ_i
-(one d-vector parameter, `predict_embedding`, counted as an embedding parameter). Both slots of
+A sequence of T tokens becomes 2T slots: the token x_i and a learned `<predict>` vector ρ_i. By
+default (`config.model.predict_embedding = "tied"`, the SPS authors' model and the paper's "ρ id
+50257") ρ is the row `predict_token_id` of the tied token embedding: an id of the vocabulary, so
+also an output class of the tied head (its logit is trained down at every read-out) and
+weight-decayed with the embedding matrix. `"separate"` keeps ρ as its own d-vector parameter
+`predict_embedding` (not an output class, not decayed; nsl's earlier model, which learned
+measurably slower on the cross-check of README "SPS"). Both count as embedding parameters. Both slots of
 pair i carry `tok = i` (also their RoPE position), `pos = 2i + j` (the interleaved slot index,
 j = 0 for x and 1 for ρ; causality reads it), `segment` = the document id of token i, and a
 `kind` fixed by the variant:
@@ -51,6 +56,12 @@ LAYOUTS = ("interleaved", "stream_major")
 DEFAULT_LAYOUT = "stream_major"
 
 P, T_ = masks.PERSISTENT, masks.TEMPORARY
+
+# `config.model.predict_embedding`: how ρ is parameterised (module docstring). Default "tied".
+PREDICT_EMBEDDINGS = ("tied", "separate")
+DEFAULT_PREDICT_EMBEDDING = "tied"
+# Ids of the fixed-size tokenizers; bpe reads `config.data.tokenizer_vocab` (same table as SED's).
+TOKENIZER_VOCAB = {"gpt2": 50257, "byte": 257}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,12 +153,24 @@ class SPSLM(nn.Module):
   rule: masks.Rule
   variant: str
   layout: str = DEFAULT_LAYOUT
+  # Row of the tied embedding that is ρ ("tied"); None = a separate `predict_embedding` vector.
+  predict_token_id: int | None = None
 
   def setup(self):
     self.embedder = layers.Embedder(self.dims, name="embed")
     self.trunk = layers.Stack(self.dims, self.rule, name="trunk")
-    init = nn.with_logical_partitioning(nn.initializers.normal(stddev=self.dims.init_std), ("embed",))
-    self.predict_embedding = self.param("predict_embedding", init, (self.dims.d_model,))
+    if self.predict_token_id is None:
+      init = nn.with_logical_partitioning(nn.initializers.normal(stddev=self.dims.init_std), ("embed",))
+      self.predict_embedding = self.param("predict_embedding", init, (self.dims.d_model,))
+    elif not 0 <= self.predict_token_id < self.dims.vocab_size:
+      raise ValueError(f"predict_token_id={self.predict_token_id} is not a row of the {self.dims.vocab_size}-row "
+                       "embedding")
+
+  def rho(self):
+    """The <predict> vector ρ [D] (a row of the tied embedding, or the separate parameter)."""
+    if self.predict_token_id is None:
+      return self.predict_embedding
+    return self.embedder.embedding[self.predict_token_id]
 
   @property
   def spec(self) -> VariantSpec:
@@ -171,7 +194,7 @@ class SPSLM(nn.Module):
     """Final-norm hidden states of all 2T slots, physical order."""
     t = tokens_BT.shape[1]
     x = self.embedder.encode(tokens_BT)
-    rho = jnp.broadcast_to(self.predict_embedding.astype(x.dtype), x.shape)
+    rho = jnp.broadcast_to(self.rho().astype(x.dtype), x.shape)
     h = nn.with_logical_constraint(self.to_slots(x, rho), ("batch", "length", "act_embed"))
     slots = attention.Slots(slot_layout(self.variant, t, self.layout), segment=self.to_slots(segment_BT, segment_BT))
     return self.trunk(h, slots)
@@ -188,7 +211,10 @@ class SPSLM(nn.Module):
 
 class SPSFamily(Family):
   """`config.family = "sps"`, `config.model.variant` in VARIANTS, `config.model.layout` in
-  LAYOUTS (`default_layout(variant)` when absent), `config.model.window` = w."""
+  LAYOUTS (`default_layout(variant)` when absent), `config.model.window` = w,
+  `config.model.predict_embedding` in PREDICT_EMBEDDINGS ("tied" when absent) and
+  `config.model.predict_token_id` (the ρ row when tied; absent or None = the first id past the
+  tokenizer's, as the authors' 50257 after GPT-2's 50257 ids)."""
 
   name = "sps"
   variants = VARIANTS
@@ -210,6 +236,13 @@ class SPSFamily(Family):
   def rule(self) -> masks.Rule:
     return slot_rule(self.variant, self.window)
 
+  @property
+  def predict_token_id(self) -> int | None:
+    """The embedding row that is ρ, or None (standard variant, or a separate ρ vector)."""
+    if self.variant == "standard":
+      return None
+    return predict_token_id_of(self.config)
+
   @classmethod
   def validate(cls, config) -> None:
     super().validate(config)
@@ -224,11 +257,27 @@ class SPSFamily(Family):
     if m.variant == "twox_memory" and m.window is not None and m.window < config.data.seq_len:
       raise ConfigError(f"config.model.window={m.window} but variant 'twox_memory' is SPS with w >= T "
                         f"(every ρ stays persistent): set config.model.window=None, or use variant 'sps'")
+    kind = m.get("predict_embedding", None) or DEFAULT_PREDICT_EMBEDDING
+    if kind not in PREDICT_EMBEDDINGS:
+      raise ConfigError(f"config.model.predict_embedding={kind!r} must be one of {PREDICT_EMBEDDINGS}")
+    rid = m.get("predict_token_id", None)
+    if kind == "separate" and rid is not None:
+      raise ConfigError(f"config.model.predict_token_id={rid} has no effect with "
+                        "config.model.predict_embedding='separate' (ρ is its own vector): unset one of them")
+    if kind == "tied" and m.variant != "standard":
+      vocab = tokenizer_vocab(config)
+      rid = predict_token_id_of(config)
+      if not vocab <= rid < m.vocab_size:
+        raise ConfigError(f"config.model.predict_token_id={rid}: with config.model.predict_embedding='tied' ρ is "
+                          f"a row of the tied embedding that no token uses, so it must be in [{vocab}, "
+                          f"model.vocab_size={m.vocab_size}) (the {config.data.tokenizer} tokenizer has {vocab} "
+                          f"ids); raise config.model.vocab_size to at least {vocab + 1} (e.g. pad it to a "
+                          f"multiple of 64), or set config.model.predict_embedding='separate'")
 
   def make_model(self) -> nn.Module:
     if self.variant == "standard":
       return transformer.LM(self.dims, self.rule)
-    return SPSLM(self.dims, self.rule, self.variant, self.layout_name)
+    return SPSLM(self.dims, self.rule, self.variant, self.layout_name, self.predict_token_id)
 
   def with_rule(self, rule: masks.Rule) -> nn.Module:
     """The same model (same parameter tree) under another rule, e.g. a persistent-key window."""
@@ -243,9 +292,9 @@ class SPSFamily(Family):
     return model.init(rng, *self.model_inputs(short))["params"]
 
   def abstract_params(self):
-    """Parameter shapes depend only on the dimensions and on whether ρ exists: shared by all
-    SPS variants of a size (describe over a ladder traces each size once)."""
-    return _abstract_params(self.dims, self.variant == "standard", self)
+    """Parameter shapes depend only on the dimensions and on whether a separate ρ vector exists:
+    shared by all SPS variants of a size (describe over a ladder traces each size once)."""
+    return _abstract_params(self.dims, self.variant == "standard" or self.predict_token_id is not None, self)
 
   def model_inputs(self, batch: dict[str, Any]) -> tuple:
     inputs, _, seg_in, _ = layers.next_token_targets(batch)
@@ -273,11 +322,11 @@ class SPSFamily(Family):
     return train_flops_per_token(slots_per_token * body + head, pairs / t, self.dims.n_layers, self.dims.d_model)
 
 
-_ABSTRACT: dict = {}  # (Dims, is standard) -> boxed ShapeDtypeStructs; a few entries per process
+_ABSTRACT: dict = {}  # (Dims, has no separate ρ) -> boxed ShapeDtypeStructs; a few entries per process
 
 
-def _abstract_params(dims: layers.Dims, standard: bool, family: "SPSFamily"):
-  key = (dims, standard)
+def _abstract_params(dims: layers.Dims, no_separate_rho: bool, family: "SPSFamily"):
+  key = (dims, no_separate_rho)
   if key not in _ABSTRACT:
     _ABSTRACT[key] = jax.eval_shape(family.init, jax.random.PRNGKey(0))
   return _ABSTRACT[key]
@@ -292,3 +341,26 @@ def layout_of(config) -> str:
   """`config.model.layout`, defaulting to `default_layout(variant)` when absent or None."""
   value = config.model.get("layout", None)
   return default_layout(config.model.variant) if value is None else value
+
+
+def tokenizer_vocab(config) -> int:
+  """Ids the config's tokenizer produces (gpt2, byte: fixed; bpe: `config.data.tokenizer_vocab`)."""
+  return int(TOKENIZER_VOCAB.get(config.data.tokenizer, config.data.get("tokenizer_vocab", 0)))
+
+
+def predict_token_id_of(config) -> int | None:
+  """The embedding row that is ρ under `config.model.predict_embedding="tied"` (the default):
+  `config.model.predict_token_id`, or when absent/None the first id past the tokenizer's. None
+  for "separate"."""
+  m = config.model
+  if (m.get("predict_embedding", None) or DEFAULT_PREDICT_EMBEDDING) == "separate":
+    return None
+  rid = m.get("predict_token_id", None)
+  return tokenizer_vocab(config) if rid is None else int(rid)
+
+
+def predict_vector(params, predict_token_id: int | None):
+  """ρ [D] from a parameter tree (unboxed): the embedding row, or `predict_embedding`."""
+  if predict_token_id is None:
+    return params["predict_embedding"]
+  return params["embed"]["embedding"][predict_token_id]

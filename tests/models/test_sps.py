@@ -99,10 +99,14 @@ def test_layouts_carry_the_same_metadata():
 # ----------------------------------------------------------------------------- the model
 
 
+VOCAB = 264  # the 257 byte ids + the <predict> row 257 (the default tied ρ), padded to a multiple of 8
+RHO = 257
+
+
 def _config(variant, window=3, layout="stream_major", impl="xla", seq_len=16, **kw):
   c = tiny_config("/nonexistent", **{"family": "sps", "model.variant": variant, "model.window": window,
                                      "model.attention_impl": impl, "model.attention_chunk": 8,
-                                     "data.seq_len": seq_len, **kw})
+                                     "data.seq_len": seq_len, "model.vocab_size": VOCAB, **kw})
   c.model.layout = layout
   return c
 
@@ -151,11 +155,70 @@ def test_layouts_give_the_same_loss_and_gradients(variant, window, impl):
   assert np.isfinite(float(la)) and float(la) == pytest.approx(float(lb), rel=1e-6, abs=1e-6)
   for a, b in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
     np.testing.assert_allclose(a, b, atol=2e-6, rtol=1e-4)
-  assert float(jnp.abs(ga["predict_embedding"]).sum()) > 0  # ρ is trained
+  assert float(jnp.abs(ga["embed"]["embedding"][RHO]).sum()) > 0  # ρ (the tied row) is trained
   if impl == "chunked":
     from nsl import masks
     lay = sps.slot_layout(variant, 16, "stream_major")
     assert (masks.block_map(sps.slot_rule(variant, window), lay, lay, 8, 8) == masks.EMPTY).sum() > 0
+
+
+def test_rho_is_the_predict_row_of_the_tied_embedding():
+  """The SPS authors' ρ (REFERENCES §1: "ρ id 50257", tied input embedding and head): by default ρ
+  is the embedding row `predict_token_id` (the first id past the tokenizer's), so (1) the input
+  at every ρ slot is that row, (2) the row is also an output class of the tied head and collects
+  both gradients, (3) it is weight-decayed with the embedding matrix. `separate` is a d-vector
+  that is none of these."""
+  from nsl.train import state as state_lib
+
+  tied_c = _config("sps", 3, "interleaved")
+  sep_c = _config("sps", 3, "interleaved", **{"model.predict_embedding": "separate"})
+  nsl_config.validate(tied_c)
+  nsl_config.validate(sep_c)
+  tied, sep = registry.get_family(tied_c), registry.get_family(sep_c)
+  assert tied.predict_token_id == RHO and sep.predict_token_id is None
+  sep_params = _init(sep_c)
+  assert "predict_embedding" in sep_params
+  tied_params = {k: v for k, v in sep_params.items() if k != "predict_embedding"}
+  assert jax.tree.structure(tied_params) == jax.tree.structure(nn.unbox(jax.eval_shape(tied.init, jax.random.PRNGKey(0))))
+  # (1) the same forward as the separate model whose vector is that row
+  rho = tied_params["embed"]["embedding"][RHO]
+  sep_params = dict(sep_params, predict_embedding=rho)
+  batch = _batch()
+  lt, gt = _loss_and_grads(tied_c, tied_params, batch)
+  ls, gs = _loss_and_grads(sep_c, sep_params, batch)
+  assert float(lt) == pytest.approx(float(ls), rel=1e-6)
+  np.testing.assert_allclose(sps.predict_vector(tied_params, RHO), rho)
+  # (2) the row's gradient = the input path's (the separate vector's) + its output-class part
+  out_class = gs["embed"]["embedding"][RHO]
+  assert float(jnp.linalg.norm(out_class)) > 1e-3 * float(jnp.linalg.norm(gs["predict_embedding"]))
+  np.testing.assert_allclose(gt["embed"]["embedding"][RHO], gs["predict_embedding"] + out_class, rtol=1e-4, atol=1e-7)
+  np.testing.assert_allclose(np.delete(gt["embed"]["embedding"], RHO, 0), np.delete(gs["embed"]["embedding"], RHO, 0),
+                             rtol=1e-4, atol=1e-7)
+  # (3) decayed with the matrix: two AdamW steps of zero gradient (warmup: lr 0, then the peak)
+  for c, params, get in ((tied_c, tied_params, lambda p: p["embed"]["embedding"][RHO]),
+                         (sep_c, sep_params, lambda p: p["predict_embedding"])):
+    c.train.warmup_steps = 1
+    opt = state_lib.make_optimizer(c)
+    st, p = opt.init(params), params
+    for _ in range(2):
+      upd, st = opt.update(jax.tree.map(jnp.zeros_like, p), st, p)
+      p = jax.tree.map(lambda a, b: a + b, p, upd)
+    shrink = 1 - c.train.lr * c.train.weight_decay if c is tied_c else 1.0
+    np.testing.assert_allclose(get(p), shrink * rho, rtol=1e-6)
+
+
+def test_predict_token_id_defaults_past_the_tokenizer():
+  assert sps.predict_token_id_of(_config("sps")) == 257  # byte ids 0..256
+  c = _config("sps", **{"data.tokenizer": "bpe", "data.tokenizer_vocab": 4096, "model.vocab_size": 4160})
+  assert sps.predict_token_id_of(c) == 4096
+  c.model.predict_token_id = 4159
+  assert sps.predict_token_id_of(c) == 4159
+  nsl_config.validate(c)
+  c = nsl_config.load_config(os.path.join(ROOT, "configs/sps_xs.py"))  # GPT-2: the authors' id
+  assert sps.predict_token_id_of(c) == 50257 and registry.get_family(c).predict_token_id == 50257
+  std = registry.get_family(_config("standard", None, **{"model.vocab_size": 257}))
+  assert std.predict_token_id is None  # the standard variant has no ρ and needs no free row
+  nsl_config.validate(_config("standard", None, **{"model.vocab_size": 257}))
 
 
 @pytest.mark.parametrize("variant", sps.SLOT_VARIANTS)
@@ -188,13 +251,14 @@ def test_standard_variant_is_the_plain_trunk():
   assert fam.flops_per_token() == pytest.approx(std.flops_per_token(), rel=1e-12)
 
 
-@pytest.mark.parametrize("variant,window", [("sps", 0), ("sps", 5), ("twox_memory", None), ("delayed_state", 3),
-                                            ("reverse_sps", 7)])
-def test_flops_count_two_slots_one_head_and_visible_pairs(variant, window):
-  fam = registry.get_family(_config(variant, window, seq_len=24))  # family only: nothing compiled
-  counts = fam.param_counts()
-  d, v, layers = 32, 257, 2
-  assert counts["params_embedding"] == v * d + d  # token embedding + the <predict> vector
+@pytest.mark.parametrize("variant,window,rho", [("sps", 0, "tied"), ("sps", 5, "separate"), ("twox_memory", None, "tied"),
+                                                ("delayed_state", 3, "tied"), ("reverse_sps", 7, "tied")])
+def test_flops_count_two_slots_one_head_and_visible_pairs(variant, window, rho):
+  fam = registry.get_family(_config(variant, window, seq_len=24, **{"model.predict_embedding": rho}))
+  counts = fam.param_counts()  # family only: nothing compiled
+  d, v, layers = 32, VOCAB, 2
+  # token embedding (ρ is one of its rows when tied), + the separate <predict> vector otherwise
+  assert counts["params_embedding"] == v * d + (d if rho == "separate" else 0)
   body = counts["params_non_embedding"]
   pairs = rule_mask(variant, 24, window, [1] * 24).sum()
   want = 6 * (2 * body + v * d) + 12 * layers * d * pairs / 24
@@ -206,6 +270,11 @@ def test_flops_count_two_slots_one_head_and_visible_pairs(variant, window):
     ({"model.variant": "reverse_sps", "model.window": None}, "model.window is None"),
     ({"model.variant": "twox_memory", "model.window": 8}, "twox_memory"),
     ({"model.variant": "bogus"}, "variant"),
+    ({"model.predict_embedding": "shared"}, "model.predict_embedding"),
+    ({"model.vocab_size": 257}, "predict_token_id=257"),  # no free row for ρ above the byte ids
+    ({"model.predict_token_id": 100}, "predict_token_id=100"),  # a real token's row
+    ({"model.predict_token_id": VOCAB}, "predict_token_id=264"),  # outside the embedding
+    ({"model.predict_embedding": "separate", "model.predict_token_id": 260}, "no effect"),
 ])
 def test_validate_names_the_field(overrides, match):
   c = _config("sps", **overrides)
@@ -217,7 +286,7 @@ def test_bad_layout_and_default_layout():
   c = _config("sps", layout="diagonal")
   with pytest.raises(ConfigError, match="model.layout"):
     nsl_config.validate(c)
-  c = tiny_config("/nonexistent", **{"family": "sps", "model.variant": "sps", "model.window": 4})
+  c = tiny_config("/nonexistent", **{"family": "sps", "model.variant": "sps", "model.window": 4, "model.vocab_size": VOCAB})
   assert "layout" not in c.model
   nsl_config.validate(c)
   assert registry.get_family(c).layout_name == "stream_major"
