@@ -250,3 +250,23 @@ def test_sigterm_right_after_start_through_the_cli_leaves_a_record(data_dir, tmp
   assert proc.returncode == 0, err
   assert _strict_json(workdir / "result.json")["status"] == "preempted"
   assert json.loads(out.strip().splitlines()[-1])["status"] == "preempted"
+
+
+def test_disk_full_while_checkpointing_names_the_directory_and_bytes(data_dir, tmp_path, capsys, monkeypatch):
+  import errno
+
+  import orbax.checkpoint as ocp
+
+  def full(self, *args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", full)
+  cfg = tmp_path / "cfg.py"
+  cfg.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom tests.helpers import tiny_config\n"
+                 f"def get_config():\n  return tiny_config({data_dir!r})\n")
+  workdir = tmp_path / "run"
+  assert launch.main([f"--config={cfg}", f"--workdir={workdir}", "--quiet"]) == 2
+  errors = [l for l in capsys.readouterr().err.splitlines() if l.startswith("nsl: error")]
+  assert len(errors) == 1 and f"disk full writing {workdir}/checkpoints" in errors[0], errors
+  assert "bytes needed" in errors[0]
+  assert json.load(open(workdir / "result.json"))["status"] == "failed"
