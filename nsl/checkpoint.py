@@ -164,16 +164,17 @@ class Checkpointer:
       self.manager.close()
 
 
-def restore_params(path: str, abstract_state):
-  """Parameters of the latest checkpoint under `path` (a run's workdir or its checkpoints dir)."""
+def restore_params(path: str, abstract_state, flag: str = "--restore_from"):
+  """Parameters of the latest checkpoint under `path` (a run's workdir or its checkpoints dir).
+  `flag` is the command-line option that named `path`, for the error messages."""
   directory = path if os.path.basename(os.path.normpath(path)) == "checkpoints" else os.path.join(path, "checkpoints")
   if not os.path.isdir(directory):
-    raise NslError(f"--restore_from={path!r}: no checkpoints directory at {directory}")
+    raise NslError(f"{flag}={path!r}: no checkpoints directory at {directory}")
   manager = ocp.CheckpointManager(os.path.abspath(directory), options=ocp.CheckpointManagerOptions(read_only=True))
   try:
     steps = sorted(manager.all_steps(), reverse=True)
     if not steps:
-      raise NslError(f"--restore_from={path!r}: no complete checkpoint in {directory}")
+      raise NslError(f"{flag}={path!r}: no complete checkpoint in {directory}")
     mismatch = None
     for step in steps:  # the newest that restores; a damaged one is skipped with a warning
       try:
@@ -184,11 +185,11 @@ def restore_params(path: str, abstract_state):
         if _is_shape_mismatch(e):
           mismatch = mismatch or (step, reason)
         else:
-          warn(f"--restore_from: checkpoint {directory}/{step} is damaged ({reason}); trying an older one")
+          warn(f"{flag}: checkpoint {directory}/{step} is damaged ({reason}); trying an older one")
     if mismatch is not None:
-      raise NslError(f"--restore_from={path!r}: checkpoint step {mismatch[0]} does not match this model "
+      raise NslError(f"{flag}={path!r}: checkpoint step {mismatch[0]} does not match this model "
                      f"({mismatch[1]}); use a run of the same architecture")
-    raise NslError(f"--restore_from={path!r}: every checkpoint in {directory} is damaged (steps {sorted(steps)})")
+    raise NslError(f"{flag}={path!r}: every checkpoint in {directory} is damaged (steps {sorted(steps)})")
   finally:
     manager.close()
 

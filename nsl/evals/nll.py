@@ -85,7 +85,7 @@ def _load_run(workdir: str):
     shardings = sharding.logical_sharding(boxed, mesh, config)
   abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), nn.unbox(boxed),
                           shardings)
-  params, _ = checkpoint.restore_params(workdir, abstract)
+  params, _ = checkpoint.restore_params(workdir, abstract, flag="--workdir")
   return config, family, params
 
 

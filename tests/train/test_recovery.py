@@ -270,3 +270,13 @@ def test_disk_full_while_checkpointing_names_the_directory_and_bytes(data_dir, t
   assert len(errors) == 1 and f"disk full writing {workdir}/checkpoints" in errors[0], errors
   assert "bytes needed" in errors[0]
   assert json.load(open(workdir / "result.json"))["status"] == "failed"
+
+
+def test_nll_eval_of_a_run_whose_checkpoints_are_all_damaged_is_one_line(finished, tmp_path, capsys):
+  from nsl.evals import nll
+  workdir = _copy(finished, tmp_path)
+  for step in ("3", "6"):
+    os.remove(_largest_array_file(os.path.join(workdir, "checkpoints", step)))
+  assert nll.main([f"--workdir={workdir}"]) == 2
+  errors = [l for l in capsys.readouterr().err.splitlines() if l.startswith("nsl: error")]
+  assert len(errors) == 1 and f"--workdir={workdir!r}: every checkpoint in {workdir}/checkpoints is damaged" in errors[0], errors
