@@ -280,3 +280,12 @@ def test_nll_eval_of_a_run_whose_checkpoints_are_all_damaged_is_one_line(finishe
   assert nll.main([f"--workdir={workdir}"]) == 2
   errors = [l for l in capsys.readouterr().err.splitlines() if l.startswith("nsl: error")]
   assert len(errors) == 1 and f"--workdir={workdir!r}: every checkpoint in {workdir}/checkpoints is damaged" in errors[0], errors
+
+
+def test_restore_from_another_architecture_is_one_line(data_dir, finished, tmp_path, capsys):
+  cfg = tmp_path / "cfg.py"
+  cfg.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom tests.helpers import tiny_config\n"
+                 f"def get_config():\n  return tiny_config({data_dir!r}, **{{'model.d_ff': 64}})\n")
+  assert launch.main([f"--config={cfg}", f"--workdir={tmp_path / 'new'}", f"--restore_from={finished}", "--quiet"]) == 2
+  errors = [l for l in capsys.readouterr().err.splitlines() if l.startswith("nsl: error")]
+  assert len(errors) == 1 and "does not match this model" in errors[0], errors
