@@ -98,12 +98,21 @@ def init_distributed(args) -> None:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+  if args.mode != "train":
+    return _main(args, overrides, [])
   early_sigterm = []
+  try:  # a SIGTERM before the trainer installs its own handler still ends in a "preempted" record
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: early_sigterm.append(signum))
+  except ValueError:  # not the main thread
+    return _main(args, overrides, early_sigterm)
+  try:
+    return _main(args, overrides, early_sigterm)
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
+def _main(args, overrides, early_sigterm: list) -> int:
   if args.mode == "train":
-    try:  # a SIGTERM before the trainer installs its own handler still ends in a "preempted" record
-      signal.signal(signal.SIGTERM, lambda signum, frame: early_sigterm.append(signum))
-    except ValueError:  # not the main thread
-      pass
     init_distributed(args)  # before anything touches the XLA backend
   from nsl import config as nsl_config
 
