@@ -282,6 +282,8 @@ def _check_manifest_shape(path: str, manifest: dict) -> None:
     shard_lists = [("shards", split["shards"])]
     if "label_shards" in split:
       shard_lists.append(("label_shards", split["label_shards"]))
+      if "label_ignore" not in manifest:
+        raise DataError(f"{path}: split {name!r} has label_shards but the manifest lacks 'label_ignore'; {fix}")
     for extra, spec in (split.get("extra_shards") or {}).items():
       shard_lists.append((f"extra_shards.{extra}", (spec or {}).get("shards")))
     for list_name, shards in shard_lists:
