@@ -11,7 +11,6 @@ import signal
 import time
 from typing import Any
 
-import flax.linen as nn
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
@@ -22,8 +21,7 @@ from nsl import config as nsl_config
 from nsl.data import pipeline, prepare
 from nsl.errors import ConfigError, NslError
 from nsl.models import registry
-from nsl.train import state as train_state
-from nsl.train import step as train_step_lib
+from nsl.train import program as program_lib
 
 FLOPS_CONVENTION = ("6 x params used per token (embedding counted once, as the tied head) + "
                     "12 x layers x d_model x visible attention pairs per token")
@@ -104,33 +102,24 @@ class Trainer:
     self.progress = progress
     self._preemption = _Preemption().__enter__()  # SIGTERM while compiling still ends with a record
     devices = list(devices) if devices is not None else jax.devices()
-    nsl_config.validate(config, len(devices), jax.process_count())
+    # The compiled program is built by the same code as `nsl.compile`'s (one path, not a copy);
+    # it validates the config against the devices first.
+    self.program = p = program_lib.Program(config, devices)
     self.is_main = jax.process_index() == 0
     self.lock = None
     if self.is_main:
       os.makedirs(self.workdir, exist_ok=True)
       self.lock = checkpoint.WorkdirLock.acquire(self.workdir)  # a second trainer here refuses
-    self.mesh = sharding.make_mesh(config, devices)
-    self.family = registry.get_family(config)
+    self.mesh, self.family, self.optimizer, self.schedule = p.mesh, p.family, p.optimizer, p.schedule
+    self.state_sharding, self.abstract_state = p.state_sharding, p.abstract_state
+    self.counts, self.flops_per_token = p.counts, p.flops_per_token
+    self._train_step, self._eval_step, self._init = p.train_step, p.eval_step, p.init
     self.manifest = prepare_data(config)
     # "" for most families; a LIFT run names a non-own state feed (eval_val_nll_feed_teacher).
     self.eval_suffix = getattr(self.family, "eval_suffix", "")
     t = config.train
     self.tokens_per_step = config.data.seq_len * t.batch_size
-    self.optimizer = train_state.make_optimizer(config)
-    self.schedule = train_state.lr_schedule(config)
     self.base_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
-
-    boxed = jax.eval_shape(lambda r: train_state.create(self.family.init(r), self.optimizer),
-                           jax.random.PRNGKey(0))
-    with self.mesh, nn.logical_axis_rules(sharding.rules(config)):
-      self.state_sharding = sharding.logical_sharding(boxed, self.mesh, config)
-    sharding.check_divisible(nn.unbox(boxed), self.state_sharding)
-    self.abstract_state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                                       nn.unbox(boxed), self.state_sharding)
-    self.counts = self.family.param_counts(boxed.params)
-    self.flops_per_token = self.family.flops_per_token()
-    self._compile()
     self.train_iter = pipeline.make_train_iterator(
         config.data.path, seq_len=config.data.seq_len, global_batch_size=t.batch_size, seed=config.seed,
         process_index=jax.process_index(), process_count=jax.process_count(), verify=config.data.verify)
@@ -140,24 +129,6 @@ class Trainer:
     self.checkpointer = checkpoint.Checkpointer(os.path.join(self.workdir, "checkpoints"),
                                                 keep=config.checkpoint.keep,
                                                 async_save=config.checkpoint.async_save)
-
-  def _compile(self):
-    rules = sharding.rules(self.config)
-    batch_sh, repl = sharding.batch_sharding(self.mesh), sharding.replicated(self.mesh)
-    step_fn = train_step_lib.make_train_step(self.family, self.optimizer, self.schedule, self.config.train.grad_accum)
-
-    def with_rules(fn):
-      def wrapped(*args):
-        with nn.logical_axis_rules(rules):
-          return fn(*args)
-      return wrapped
-
-    self._train_step = jax.jit(with_rules(step_fn), in_shardings=(self.state_sharding, batch_sh, repl),
-                               out_shardings=(self.state_sharding, repl), donate_argnums=(0,))
-    self._eval_step = jax.jit(with_rules(train_step_lib.make_eval_step(self.family)),
-                              in_shardings=(self.state_sharding.params, batch_sh), out_shardings=repl)
-    init = lambda r: train_state.create(nn.unbox(self.family.init(r)), self.optimizer)
-    self._init = jax.jit(with_rules(init), out_shardings=self.state_sharding)
 
   # -- state ------------------------------------------------------------------------------------
   def initial_state(self):
@@ -169,7 +140,7 @@ class Trainer:
       latest, state, self.resumed_meta = restored
       self._log(f"resumed from {self.checkpointer.directory}/{latest}")
       return state
-    with self.mesh:
+    with self.program.mesh_context():
       state = self._init(jax.random.PRNGKey(self.config.seed))
     if self.restore_from:
       params, step = checkpoint.restore_params(self.restore_from, self.abstract_state)
@@ -195,7 +166,7 @@ class Trainer:
 
   def evaluate(self, params) -> float:
     total = count = 0.0
-    with self.mesh:
+    with self.program.mesh_context():
       for batch in self.eval_batches:
         s, w = self._eval_step(params, sharding.global_batch(batch, self.mesh))
         total += float(s)
@@ -235,7 +206,7 @@ class Trainer:
       return meta
 
     try:
-      with self._preemption as preemption, self.mesh:
+      with self._preemption as preemption, self.program.mesh_context():
         if preemption.should_stop(step):  # SIGTERM arrived while compiling or restoring
           status = "preempted"
         while step < t.steps and status == "done":
