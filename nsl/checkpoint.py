@@ -20,7 +20,7 @@ import jax
 import orbax.checkpoint as ocp
 
 import nsl
-from nsl.errors import ConfigError, NslError, disk_full_cause, disk_full_error, warn
+from nsl.errors import NslError, disk_full_cause, disk_full_error, warn
 
 
 class _Snapshot:

@@ -9,6 +9,7 @@ runtime; `--distributed=auto` lets JAX detect a Cloud TPU pod or SLURM cluster.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal

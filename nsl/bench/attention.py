@@ -20,7 +20,6 @@ All rules use the same S slots; the SPS rules have S/2 tokens. `--tokens` is an 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -31,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from nsl import attention, masks
-from nsl.errors import ConfigError, NslError, cli_main
+from nsl.errors import ArgumentParser, ConfigError, NslError, cli_main
 
 RULES = ("causal", "window", "sps_interleaved", "sps_stream_major", "delayed", "dd_self", "dd_cross")
 KERNEL_PLATFORM = {"splash": "tpu", "pallas_gpu": "gpu"}
@@ -136,7 +135,7 @@ def bench_one(name: str, slots: int, args, platform: str) -> dict:
 
 
 def _parse(argv):
-  p = argparse.ArgumentParser(prog="python -m nsl.bench.attention", description=__doc__.split("\n")[0])
+  p = ArgumentParser(prog="python -m nsl.bench.attention", description=__doc__.split("\n")[0])
   p.add_argument("--slots", "--tokens", dest="slots", default="1024,2048,4096",
                  help="comma-separated sequence lengths in slots (--tokens is an alias)")
   p.add_argument("--impls", default=None,

@@ -27,7 +27,6 @@ trained model, whose validation rows give the prompts).
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import statistics
@@ -38,13 +37,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsl.errors import ConfigError, cli_main
+from nsl.errors import ArgumentParser, ConfigError, cli_main
 
 VARIANTS = ("standard", "sps", "twox_memory", "delayed_state", "reverse_sps")
 
 
 def _parse(argv):
-  p = argparse.ArgumentParser(prog="python -m nsl.bench.decode", description=__doc__.split("\n")[0])
+  p = ArgumentParser(prog="python -m nsl.bench.decode", description=__doc__.split("\n")[0])
   p.add_argument("--config", required=True)
   p.add_argument("--variants", default=",".join(VARIANTS))
   p.add_argument("--prompt_len", type=int, default=448)

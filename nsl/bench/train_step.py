@@ -9,14 +9,13 @@ timed step so both see the same load, with the median of the per-step ratios.
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import statistics
 import sys
 import time
 
-from nsl.errors import cli_main
+from nsl.errors import ArgumentParser, cli_main
 
 
 class MatmulCeiling:
@@ -49,7 +48,7 @@ class MatmulCeiling:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m nsl.bench.train_step")
+  parser = ArgumentParser(prog="python -m nsl.bench.train_step")
   parser.add_argument("--config", required=True)
   parser.add_argument("--batch", type=int, default=None, help="global batch (default: the config's)")
   parser.add_argument("--seq_len", type=int, default=None, help="tokens per row (default: the config's)")

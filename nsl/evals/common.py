@@ -41,14 +41,15 @@ def abstract_train_state(config, family):
   return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device), nn.unbox(boxed))
 
 
-def load_run(workdir: str):
-  """(config, family, params) of a run directory's latest checkpoint."""
+def load_run(workdir: str, flag: str = "--workdir"):
+  """(config, family, params) of a run directory's latest checkpoint; `flag` names where the
+  path came from in errors (a damaged checkpoint says which argument to fix)."""
   from nsl import checkpoint
   from nsl.models import registry
 
   config = load_config(workdir)
   family = registry.get_family(config)
-  params, _ = checkpoint.restore_params(workdir, abstract_train_state(config, family))
+  params, _ = checkpoint.restore_params(workdir, abstract_train_state(config, family), flag=flag)
   return config, family, params
 
 

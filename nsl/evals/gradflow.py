@@ -27,7 +27,6 @@ Writes JSON (`--out`, default WORKDIR/gradflow.json) and a plot next to it (.png
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -38,7 +37,7 @@ import numpy as np
 import optax
 
 from nsl import attention
-from nsl.errors import NslError, cli_main
+from nsl.errors import ArgumentParser, NslError, cli_main
 
 MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -205,7 +204,7 @@ def plot(result: dict, path: str) -> str:
 
 @cli_main
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m nsl.evals.gradflow", description=__doc__.split("\n")[0])
+  p = ArgumentParser(prog="python -m nsl.evals.gradflow", description=__doc__.split("\n")[0])
   p.add_argument("--workdir", required=True, help="a finished run (config.json + checkpoints/)")
   p.add_argument("--out", default=None, help="JSON path (default WORKDIR/gradflow.json); the plot goes beside it")
   p.add_argument("--rows", type=int, default=4, help="validation windows to average over")

@@ -21,14 +21,13 @@ parent directory), and records `length_generalization` (`length_generalization_f
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
 import numpy as np
 
-from nsl.errors import NslError, cli_main
+from nsl.errors import ArgumentParser, NslError, cli_main
 
 CHANCE = 1.0 / 120
 # What the rows are, the default rows, chance (None: not meaningful) and the longest trained row.
@@ -69,7 +68,7 @@ def load_run(workdir: str):
   """(config, family, params) of a trained run: `nsl.evals.common.load_run`."""
   from nsl.evals import common
 
-  return common.load_run(workdir)
+  return common.load_run(workdir, flag="--runs")
 
 
 def accuracy_by_length(family, params, heldout: dict, lengths: list[int], per_length: int, feed: str = "own",
@@ -155,7 +154,7 @@ def plot(names, results, lengths, path: str, task: str = "s5") -> None:
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m nsl.evals.length_generalization", description=__doc__.split("\n")[0])
+  p = ArgumentParser(prog="python -m nsl.evals.length_generalization", description=__doc__.split("\n")[0])
   p.add_argument("--runs", required=True, help="comma-separated run directories")
   p.add_argument("--lengths", default="", help="rows, e.g. 1-16,20,32 (default: the task's)")
   p.add_argument("--per_length", type=int, default=2000)

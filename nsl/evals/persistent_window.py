@@ -17,7 +17,6 @@ Writes JSON (`--out`, default WORKDIR/persistent_window.json) and a plot next to
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -27,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsl.errors import NslError, cli_main
+from nsl.errors import ArgumentParser, NslError, cli_main
 
 
 def spans(segment_BT: np.ndarray, weights_BT: np.ndarray):
@@ -119,7 +118,7 @@ def plot(result: dict, path: str) -> str:
 
 @cli_main
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m nsl.evals.persistent_window", description=__doc__.split("\n")[0])
+  p = ArgumentParser(prog="python -m nsl.evals.persistent_window", description=__doc__.split("\n")[0])
   p.add_argument("--workdir", required=True, help="a finished run (config.json + checkpoints/)")
   p.add_argument("--omega", type=int, default=64, help="persistent-key window ω in tokens")
   p.add_argument("--docs", type=int, default=8000, help="documents to average over (fewer if the split ends)")

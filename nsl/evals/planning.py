@@ -14,7 +14,6 @@ next-token-trained model gets only by chance 1/d ("Clever Hans", Bachmann & Naga
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -22,7 +21,7 @@ import time
 
 import numpy as np
 
-from nsl.errors import cli_main
+from nsl.errors import ArgumentParser, cli_main
 
 
 def load_run(workdir: str):
@@ -88,7 +87,7 @@ def evaluate(workdir: str, limit: int | None = None, batch_size: int = 250, data
 
 @cli_main
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m nsl.evals.planning", description=__doc__.split("\n")[0])
+  p = ArgumentParser(prog="python -m nsl.evals.planning", description=__doc__.split("\n")[0])
   p.add_argument("--workdir", required=True)
   p.add_argument("--limit", type=int, default=None, help="first N test problems only")
   p.add_argument("--batch_size", type=int, default=250)

@@ -28,7 +28,6 @@ config's tokenizer fields and vocabulary size.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -38,7 +37,7 @@ import tempfile
 
 import numpy as np
 
-from nsl.errors import ConfigError, DataError, NslError, cli_main
+from nsl.errors import ArgumentParser, ConfigError, DataError, NslError, cli_main
 
 
 def _read_config(workdir: str):
@@ -57,7 +56,7 @@ def load_run(workdir: str):
   """(config, family, params) of a trained run: `nsl.evals.common.load_run`."""
   from nsl.evals import common
 
-  return common.load_run(workdir)
+  return common.load_run(workdir, flag="config.lift.teacher")
 
 
 def tokenizer_fingerprint(config) -> str:
@@ -208,7 +207,7 @@ def precompute(teacher_dir: str, data_dir: str, out_dir: str, seq_len: int | Non
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m nsl.models.teacher", description=__doc__.split("\n")[0])
+  p = ArgumentParser(prog="python -m nsl.models.teacher", description=__doc__.split("\n")[0])
   sub = p.add_subparsers(dest="command", required=True)
   pre = sub.add_parser("precompute", help="teacher states -> top-k shards beside a data dir")
   pre.add_argument("--teacher", required=True)

@@ -28,7 +28,6 @@ much as one fit. A resample counts only if its fit met the stopping test.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import json
@@ -40,7 +39,7 @@ from pathlib import Path
 import numpy as np
 from scipy import optimize
 
-from nsl.errors import NslError, cli_main
+from nsl.errors import ArgumentParser, NslError, cli_main
 from nsl.scaling.records import RunRecord, RunSet, load_runs
 
 DELTA = 1e-3
@@ -509,7 +508,7 @@ def summary(report: dict) -> str:
 
 @cli_main
 def main(argv=None):
-  p = argparse.ArgumentParser(prog="python -m nsl.scaling.fit", description=__doc__.split("\n")[0])
+  p = ArgumentParser(prog="python -m nsl.scaling.fit", description=__doc__.split("\n")[0])
   p.add_argument("--root", required=True, help="grid root: one directory per run")
   p.add_argument("--baseline", default=None, help="family label the multipliers compare against "
                  "(default: standard, when present)")

@@ -12,7 +12,6 @@ Reads the finished runs (`records.load_runs`) and, when present, DIR/fits.json w
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from nsl.errors import NslError, cli_main  # noqa: E402
+from nsl.errors import ArgumentParser, NslError, cli_main  # noqa: E402
 from nsl.scaling.fit import (CI_PERCENTILES, Law, compute_multiplier, data_multiplier,  # noqa: E402
                              laws_from_rows)
 from nsl.scaling.records import RunRecord, load_runs  # noqa: E402
@@ -270,7 +269,7 @@ def make_plots(root: str | Path, loss_key: str = "val") -> tuple[list[Path], dic
 
 @cli_main
 def main(argv=None):
-  p = argparse.ArgumentParser(prog="python -m nsl.scaling.plot", description=__doc__.split("\n")[0])
+  p = ArgumentParser(prog="python -m nsl.scaling.plot", description=__doc__.split("\n")[0])
   p.add_argument("--root", required=True, help="grid root: one directory per run (fits.json optional)")
   p.add_argument("--loss_key", default="val", help="eval split used as the loss")
   args = p.parse_args(argv)

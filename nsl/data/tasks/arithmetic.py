@@ -18,13 +18,12 @@ operand count m = 2..10 (`tokens_m`, `labels_m`, padded windows), for procedural
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
 
 from nsl.data.tasks import s5
-from nsl.errors import ConfigError, cli_main
+from nsl.errors import ArgumentParser, ConfigError, cli_main
 
 PLUS, MINUS, EQUALS, EOS_ID = 10, 11, 12, 13
 VOCAB = tuple("0123456789+-=") + ("<eos>",)
@@ -95,7 +94,7 @@ def answer_accuracy(logits_BTV: np.ndarray, labels_BT: np.ndarray) -> float:
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m nsl.data.tasks.arithmetic", description=__doc__.split("\n")[0])
+  p = ArgumentParser(prog="python -m nsl.data.tasks.arithmetic", description=__doc__.split("\n")[0])
   p.add_argument("--out", required=True)
   p.add_argument("--train_sequences", type=int, default=200_000)
   p.add_argument("--val_sequences", type=int, default=2_000)

@@ -23,12 +23,13 @@ never occur in training; the test set consists of problems with held-out targets
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import sys
 
 import numpy as np
+
+from nsl.errors import ArgumentParser
 
 MAX_INT = 10_000
 COMMA, ANSWER, PLUS, MINUS, TIMES, DIV, EQ, PAUSE, EOS, PAD = range(MAX_INT + 1, MAX_INT + 11)
@@ -211,7 +212,7 @@ def from_kwargs(**kwargs) -> Countdown:
 def main(argv=None) -> int:
   from nsl.data.tasks import task_data
 
-  p = argparse.ArgumentParser(prog="python -m nsl.data.tasks.countdown")
+  p = ArgumentParser(prog="python -m nsl.data.tasks.countdown")
   p.add_argument("--n_train", type=int, default=50_000)
   p.add_argument("--n_test", type=int, default=1_000)
   p.add_argument("--max_num", type=int, default=99)

@@ -27,11 +27,12 @@ that repeat a training prompt are dropped (and replaced). G_{5,5}: E = 20, 69 to
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 
 import numpy as np
+
+from nsl.errors import ArgumentParser
 
 NUM_LABELS = 100
 SEP, QUERY, ANSWER, EOS, PAD = 100, 101, 102, 103, 104
@@ -138,7 +139,7 @@ def from_kwargs(**kwargs) -> PathStar:
 def main(argv=None) -> int:
   from nsl.data.tasks import task_data
 
-  p = argparse.ArgumentParser(prog="python -m nsl.data.tasks.path_star")
+  p = ArgumentParser(prog="python -m nsl.data.tasks.path_star")
   p.add_argument("--d", type=int, default=5)
   p.add_argument("--l", type=int, default=5)
   p.add_argument("--n_train", type=int, default=200_000)

@@ -27,7 +27,6 @@ Accuracy at length N is the fraction of held-out sequences whose final state s_N
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import itertools
 import json
@@ -39,7 +38,7 @@ import tempfile
 import numpy as np
 
 from nsl.data import prepare
-from nsl.errors import ConfigError, DataError, cli_main
+from nsl.errors import ArgumentParser, ConfigError, DataError, cli_main
 
 NUM_STATES = 120
 PERMS = np.array(list(itertools.permutations(range(5))), np.int64)  # [120, 5], lexicographic
@@ -185,7 +184,7 @@ def load_heldout(data_dir: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m nsl.data.tasks.s5", description=__doc__.split("\n")[0])
+  p = ArgumentParser(prog="python -m nsl.data.tasks.s5", description=__doc__.split("\n")[0])
   p.add_argument("--out", required=True)
   p.add_argument("--train_sequences", type=int, default=200_000)
   p.add_argument("--val_sequences", type=int, default=2_000)
