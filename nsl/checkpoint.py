@@ -20,6 +20,7 @@ import jax
 import orbax.checkpoint as ocp
 
 import nsl
+from nsl import procs
 from nsl.errors import NslError, disk_full_cause, disk_full_error, warn
 
 
@@ -216,7 +217,7 @@ class WorkdirLock:
   @classmethod
   def acquire(cls, workdir: str) -> "WorkdirLock":
     path = os.path.join(workdir, cls.NAME)
-    info = {"pid": os.getpid(), "host": socket.gethostname(), "start": _proc_start(os.getpid()),
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "start": procs.proc_start(os.getpid()),
             "since": time.time()}
     for _ in range(3):
       try:
@@ -252,16 +253,7 @@ class WorkdirLock:
     if info.get("host") != socket.gethostname():
       return True  # cannot tell from here
     pid = info.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-      return False
-    try:
-      os.kill(pid, 0)
-    except ProcessLookupError:
-      return False
-    except PermissionError:
-      pass
-    start = _proc_start(pid)
-    return start is None or info.get("start") in (None, start)
+    return isinstance(pid, int) and pid > 0 and procs.alive(pid, info.get("start"))
 
   def release(self) -> None:
     holder = self._read(self.path)
@@ -272,13 +264,3 @@ class WorkdirLock:
         pass
 
 
-def _proc_start(pid: int) -> str | None:
-  """The process's start time from /proc (tells a reused pid apart); None where unknown."""
-  try:
-    with open(f"/proc/{pid}/stat") as f:
-      fields = f.read().rsplit(")", 1)[1].split()
-    if fields[0] == "Z":  # a zombie is gone
-      return "zombie"
-    return fields[19]
-  except (OSError, IndexError):
-    return None

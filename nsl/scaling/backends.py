@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from nsl.errors import ConfigError, NslError
+from nsl.procs import alive, proc_start
 from nsl.scaling.grid import (CELL_FILE, LOCK_FILE, LOG_FILE, STATUS_FILE, Cell, _log_tail, _read_json, _stamp,
                               _write_json, result_status, summarize, update_status)
 
@@ -38,34 +39,6 @@ CHILD_GRACE_SECONDS = 120.0  # time a leftover child gets to checkpoint after SI
 
 
 # -- processes ------------------------------------------------------------------------------------
-def proc_start(pid: int) -> str | None:
-  """The process's start time (clock ticks since boot) from /proc: tells a reused pid apart."""
-  try:
-    with open(f"/proc/{pid}/stat") as f:
-      return f.read().rsplit(")", 1)[1].split()[19]
-  except (OSError, IndexError):
-    return None
-
-
-def alive(pid: int | None, start: str | None = None) -> bool:
-  """Whether `pid` runs (not a zombie) and, where known, is the process that started at `start`."""
-  if not pid:
-    return False
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    pass
-  try:
-    with open(f"/proc/{pid}/stat") as f:
-      if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-        return False
-  except (OSError, IndexError):
-    return True
-  return start is None or proc_start(pid) in (None, start)
-
-
 def _child_setup() -> None:
   """In the child (run through this module as an exec shim, not a preexec_fn, which is unsafe in
   threaded processes like Ray workers): ignore Ctrl-C; on Linux, SIGTERM when the parent dies."""

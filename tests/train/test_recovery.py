@@ -186,8 +186,9 @@ def test_second_trainer_on_a_workdir_refuses_and_stale_locks_are_taken_over(data
   workdir.mkdir()
   holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
   try:
-    from nsl.checkpoint import WorkdirLock, _proc_start
-    lock = {"pid": holder.pid, "host": os.uname().nodename, "start": _proc_start(holder.pid), "since": 0}
+    from nsl.checkpoint import WorkdirLock
+    from nsl.procs import proc_start
+    lock = {"pid": holder.pid, "host": os.uname().nodename, "start": proc_start(holder.pid), "since": 0}
     (workdir / WorkdirLock.NAME).write_text(json.dumps(lock))
     cfg = tmp_path / "cfg.py"
     cfg.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom tests.helpers import tiny_config\n"
