@@ -373,4 +373,6 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None, 
     if micro % data_parallel:
       raise ConfigError(f"the micro-batch train.batch_size/train.grad_accum={micro} is not divisible by "
                         f"the {data_parallel} data-parallel devices (mesh data x fsdp)")
+  from nsl.models import mup
+  mup.validate(config)  # model.mup_base_width (μP), checked here and only here
   registry.get_family_class(config.family).validate(config)

@@ -22,8 +22,10 @@
   the family's variants).
 
 Layer split: `model.n_layers` is the total; `model.gen_layers` of them form the generation
-decoder (2:1 context:generation by default, e.g. 8+4). μP (the paper trains with μP, base
-width 64) is NOT implemented: plain standard-parametrisation init with the configs' tuned LRs.
+decoder (2:1 context:generation by default, e.g. 8+4). μP (`model.mup_base_width`, 64 in the
+paper's configs; nsl/models/mup.py): the cross K/V and GELU MLP matrices are hidden weights like
+the trunk's (init std / sqrt(m), Adam LR / m); ComboAttention's queries come from
+`Attention.project_q`, so both halves score q·k/d_head.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ class CrossKV(nn.Module):
 
   def setup(self):
     d, h, hd = self.dims.d_model, self.dims.n_heads, self.dims.head_dim
-    init = layers._init(self.dims.init_std, ("embed", "heads", "head_dim"))
+    init = layers._init(self.dims.hidden_std, ("embed", "heads", "head_dim"))
     self.wk = self.param("wk", init, (d, h, hd))
     self.wv = self.param("wv", init, (d, h, hd))
 
@@ -146,7 +148,7 @@ class GeluMLP(nn.Module):
 
   @nn.compact
   def __call__(self, x_BTD):
-    d, std = self.dims.d_model, self.dims.init_std
+    d, std = self.dims.d_model, self.dims.hidden_std
     w_in = self.param("w_in", layers._init(std, ("embed", "mlp")), (d, 4 * d))
     w_out = self.param("w_out", layers._init(std / math.sqrt(2 * self.dims.n_layers), ("mlp", "embed")), (4 * d, d))
     h = jax.nn.gelu(x_BTD @ w_in.astype(x_BTD.dtype))

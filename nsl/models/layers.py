@@ -37,10 +37,28 @@ class Dims:
   scan_layers: bool = False
   attention_impl: str = "auto"
   attention_chunk: int = 512
+  mup_base_width: int | None = 0  # μP base width (nsl/models/mup.py); 0 / None = off
 
   @property
   def head_dim(self) -> int:
     return self.d_model // self.n_heads
+
+  @property
+  def mup_mult(self) -> float | None:
+    """μP width multiplier m = d_model / mup_base_width; None when μP is off."""
+    return self.d_model / self.mup_base_width if self.mup_base_width else None
+
+  @property
+  def hidden_std(self) -> float:
+    """Init std of the hidden (matrix-like) weights: init_std, divided by sqrt(m) under μP."""
+    m = self.mup_mult
+    return self.init_std if m is None else self.init_std / math.sqrt(m)
+
+  @property
+  def query_scale(self) -> float | None:
+    """μP attention: queries are multiplied by 1/sqrt(d_head) so the shared attention path's
+    1/sqrt(d_head) gives scores q·k/d_head; None (no multiply) when μP is off."""
+    return 1.0 / math.sqrt(self.head_dim) if self.mup_mult is not None else None
 
   @property
   def compute_dtype(self):
@@ -102,18 +120,25 @@ class Embedder(nn.Module):
     return jnp.take(self.embedding, tokens_BT, axis=0).astype(self.dims.compute_dtype)
 
   def decode(self, h_BSD):
-    """Logits in float32 (the softmax of a 50k vocabulary needs it)."""
-    return jnp.einsum("bsd,vd->bsv", h_BSD, self.embedding.astype(h_BSD.dtype),
-                      preferred_element_type=jnp.float32)
+    """Logits in float32 (the softmax of a 50k vocabulary needs it). Under μP they are multiplied
+    by 1/m: with the tied embedding this is μP's "output multiplier" form of the readout rule
+    (the embedding stays vector-like: constant init and LR; nsl/models/mup.py)."""
+    logits = jnp.einsum("bsd,vd->bsv", h_BSD, self.embedding.astype(h_BSD.dtype),
+                        preferred_element_type=jnp.float32)
+    return logits if self.dims.mup_mult is None else logits * (1.0 / self.dims.mup_mult)
 
 
 class Attention(nn.Module):
-  """Multi-head attention; `project` and `output` are separate so decoders can cache K/V."""
+  """Multi-head attention; `project` and `output` are separate so decoders can cache K/V.
+
+  Under μP (`dims.mup_base_width`) `project_q` also multiplies the queries by
+  `dims.query_scale` = 1/sqrt(d_head), so scores are q·k/d_head (μP attention) through the
+  unchanged attention path, and the weights start at `dims.hidden_std`."""
 
   dims: Dims
 
   def setup(self):
-    d, h, hd, std = self.dims.d_model, self.dims.n_heads, self.dims.head_dim, self.dims.init_std
+    d, h, hd, std = self.dims.d_model, self.dims.n_heads, self.dims.head_dim, self.dims.hidden_std
     out_std = std / math.sqrt(2 * self.dims.n_layers)  # GPT-2 residual scaling
     self.wq = self.param("wq", _init(std, ("embed", "heads", "head_dim")), (d, h, hd))
     self.wk = self.param("wk", _init(std, ("embed", "heads", "head_dim")), (d, h, hd))
@@ -124,7 +149,8 @@ class Attention(nn.Module):
     return jnp.einsum("bsd,dhk->bshk", x, w.astype(x.dtype))
 
   def project_q(self, x_BSD, positions):
-    return rope(self._proj(x_BSD, self.wq), positions, self.dims.rope_theta)
+    q = rope(self._proj(x_BSD, self.wq), positions, self.dims.rope_theta)
+    return q if self.dims.query_scale is None else q * jnp.asarray(self.dims.query_scale, q.dtype)
 
   def project_kv(self, x_BSD, positions):
     return rope(self._proj(x_BSD, self.wk), positions, self.dims.rope_theta), self._proj(x_BSD, self.wv)
@@ -150,7 +176,7 @@ class SwiGLU(nn.Module):
 
   @nn.compact
   def __call__(self, x_BSD):
-    d, f, std = self.dims.d_model, self.dims.d_ff, self.dims.init_std
+    d, f, std = self.dims.d_model, self.dims.d_ff, self.dims.hidden_std
     w_gate = self.param("w_gate", _init(std, ("embed", "mlp")), (d, f))
     w_up = self.param("w_up", _init(std, ("embed", "mlp")), (d, f))
     w_down = self.param("w_down", _init(std / math.sqrt(2 * self.dims.n_layers), ("mlp", "embed")), (f, d))

@@ -9,7 +9,9 @@ the tied head predicts them. Loss: CE over the targets (padding excluded). RoPE 
 in decoder self attention (each in its own compacted positions); no RoPE on cross attention.
 
 Layers: `model.n_layers` total, `model.gen_layers` of them in the decoder (2:1 like the double
-decoder's split). μP is not implemented (standard parametrisation).
+decoder's split). μP (`model.mup_base_width`; nsl/models/mup.py): the cross-attention matrices
+are hidden weights (init std / sqrt(m), Adam LR / m) and its queries get `Dims.query_scale`, so
+every attention scores q·k/d_head.
 FLOPs are counted per *original* token: the encoder sees (L - n + s)/L of them, the decoder
 (n + s)/L, so SED's training FLOPs/token fall well below 6N.
 """
@@ -40,13 +42,16 @@ class CrossAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x_BTD, enc_BSD, q_slots, k_slots):
-    d, h, hd, std = self.dims.d_model, self.dims.n_heads, self.dims.head_dim, self.dims.init_std
+    d, h, hd, std = self.dims.d_model, self.dims.n_heads, self.dims.head_dim, self.dims.hidden_std
     init = layers._init(std, ("embed", "heads", "head_dim"))
     wq, wk, wv = (self.param(n, init, (d, h, hd)) for n in ("wq", "wk", "wv"))
     wo = self.param("wo", layers._init(std / (2 * self.dims.n_layers) ** 0.5, ("heads", "head_dim", "embed")),
                     (h, hd, d))
     proj = lambda x, w: jnp.einsum("bsd,dhk->bshk", x, w.astype(x.dtype))
-    o = attention.attend(proj(x_BTD, wq), proj(enc_BSD, wk), proj(enc_BSD, wv), CROSS_RULE, q_slots, k_slots,
+    q = proj(x_BTD, wq)
+    if self.dims.query_scale is not None:  # μP attention: q·k/d_head
+      q = q * jnp.asarray(self.dims.query_scale, q.dtype)
+    o = attention.attend(q, proj(enc_BSD, wk), proj(enc_BSD, wv), CROSS_RULE, q_slots, k_slots,
                          impl=self.dims.attention_impl, chunk_q=self.dims.attention_chunk,
                          chunk_k=self.dims.attention_chunk)
     return jnp.einsum("bshk,hkd->bsd", o, wo.astype(o.dtype))

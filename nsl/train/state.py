@@ -39,12 +39,20 @@ def _decay_mask(params):
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
+  """Global-norm clipping, then AdamW; under μP (model.mup_base_width) each hidden matrix's
+  update (its LR, and so its LR-coupled weight decay) is then scaled by 1/m
+  (`nsl.models.mup.scale_by_width`). Without μP the chain is exactly clip + AdamW."""
+  from nsl.models import mup
+
   t = config.train
   clip = [optax.clip_by_global_norm(t.clip_norm)] if t.clip_norm is not None else []  # None: no clipping
+  mult = mup.width_mult(config)
+  width = [mup.scale_by_width(mult)] if mult is not None else []
   return optax.chain(
       *clip,
       optax.adamw(lr_schedule(config), b1=t.b1, b2=t.b2, eps=t.eps, weight_decay=t.weight_decay,
                   mask=_decay_mask),
+      *width,
   )
 
 
