@@ -80,7 +80,7 @@ def advice(config, program) -> str:
   data, fsdp, tensor = program.mesh.devices.shape
   tips = []
   if fsdp < program.mesh.size:
-    tips.append(f"shard parameters and optimizer state wider (config.mesh.shape=(-1,{program.mesh.size // tensor},{tensor}) "
+    tips.append(f"shard parameters and optimizer state wider (config.mesh.shape=(1,{program.mesh.size // tensor},{tensor}) "
                 "puts every chip on fsdp)")
   if config.model.remat == "none":
     tips.append("recompute activations (config.model.remat=full)")
