@@ -212,3 +212,17 @@ def test_dd_configs_train_with_mup_at_base_width_64_and_the_papers_base_lrs(arch
     assert c.model.mup_base_width == 64
     assert mup.width_mult(c) == c.model.d_model / 64
     assert c.train.lr == {"dd": 0.01, "sed": 0.004, "decoder_only": 0.01}[arch] == dd_recipe.LR[arch]
+
+
+def test_dd_cached_generation_under_mup_equals_recomputation():
+  """The cached decoder (dd_decode: Attention.project_q, Embedder.decode) applies the same μP
+  query scale and logit multiplier as the parallel forward."""
+  from nsl.models import dd_decode
+
+  family = registry.get_family(_config("double_decoder", 128, True))
+  params = nn.unbox(family.init(jax.random.PRNGKey(0)))
+  prompt = jnp.asarray(np.random.default_rng(1).integers(1, VOCAB, (2, 7)), jnp.int32)
+  toks, logits = dd_decode.generate(family, params, prompt, 4)
+  ref_toks, ref_logits = dd_decode.generate_uncached(family, params, prompt, 4)
+  np.testing.assert_array_equal(toks, ref_toks)
+  np.testing.assert_allclose(logits, ref_logits, rtol=1e-4, atol=1e-4)
