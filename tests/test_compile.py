@@ -158,3 +158,18 @@ def test_the_fits_table_keeps_the_smallest_fitting_slice_per_generation(tmp_path
   path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"partial")  # an interrupted last line
   text = fits.table(fits.load(str(path)), ["v5p", "v5e", "v6e"])
   assert "| sps_xl.py | v5p-64 fsdp 32, remat full, 40.0 GiB, 61 s | no slice (see text) | not run |" in text
+
+
+def test_scanned_norm_gains_are_not_weight_decayed():
+  import jax
+  import flax.linen as nn
+  from nsl.models import registry
+  from nsl.train import state as train_state
+
+  for scan in (False, True):
+    config = _config("sps_tiny.py", **{"model.scan_layers": scan})
+    params = nn.unbox(jax.eval_shape(registry.get_family(config).init, jax.random.PRNGKey(0)))
+    mask = train_state._decay_mask(params)
+    trunk = mask["trunk"]["layers"] if scan else mask["trunk"]["block_0"]
+    assert trunk["attn_norm"]["scale"] is False and trunk["attn"]["wq"] is True
+    assert mask["trunk"]["final_norm"]["scale"] is False

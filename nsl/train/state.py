@@ -34,8 +34,13 @@ def lr_schedule(config) -> optax.Schedule:
 
 
 def _decay_mask(params):
-  """Weight decay on matrices only: norm gains stay undecayed."""
-  return jax.tree.map(lambda p: p.ndim >= 2, params)
+  """Weight decay on matrices only: norm gains stay undecayed. A scanned trunk
+  (`model.scan_layers`) stacks its layers on a leading axis under `layers`, so a stacked gain is
+  2-D there: the rank is counted without that axis."""
+  def is_matrix(path, p):
+    stacked = any(getattr(k, "key", None) == "layers" for k in path)
+    return p.ndim - (1 if stacked else 0) >= 2
+  return jax.tree_util.tree_map_with_path(is_matrix, params)
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
