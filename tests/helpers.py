@@ -68,9 +68,9 @@ def tiny_config(data_dir: str, **overrides):
   return c
 
 
-def fake_run(workdir: str, config, seed: int = 7):
-  """A run dir (config.json + a checkpoint of freshly initialised parameters), no training:
-  (workdir, family, params)."""
+def fake_run(workdir: str, config, seed: int = 7, transform=None):
+  """A run dir (config.json + a checkpoint of freshly initialised parameters, passed through
+  `transform` when given), no training: (workdir, family, params)."""
   import json
 
   import flax.linen as nn
@@ -83,7 +83,8 @@ def fake_run(workdir: str, config, seed: int = 7):
 
   os.makedirs(workdir)
   fam = registry.get_family(config)
-  st = train_state.create(nn.unbox(fam.init(jax.random.PRNGKey(seed))), train_state.make_optimizer(config))
+  params = nn.unbox(fam.init(jax.random.PRNGKey(seed)))
+  st = train_state.create(transform(params) if transform else params, train_state.make_optimizer(config))
   with open(os.path.join(workdir, "config.json"), "w") as f:
     json.dump(nsl_config.to_dict(config), f)
   ck = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), keep=1, async_save=False)

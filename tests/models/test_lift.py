@@ -285,23 +285,9 @@ def loud(params, scale=0.3, seed=3):
 
 def loud_run(workdir, config):
   """A run dir like tests.helpers.fake_run, with `loud` parameters: (workdir, family, params)."""
-  import json
-  import os
+  from tests.helpers import fake_run
 
-  from nsl import checkpoint
-  from nsl import config as nsl_config
-  from nsl.models import registry
-  from nsl.train import state as train_state
-
-  os.makedirs(workdir)
-  fam = registry.get_family(config)
-  st = train_state.create(loud(nn.unbox(fam.init(jax.random.PRNGKey(7)))), train_state.make_optimizer(config))
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    json.dump(nsl_config.to_dict(config), f)
-  ck = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), keep=1, async_save=False)
-  ck.save(1, st, None, {}, force=True)
-  ck.close()
-  return workdir, fam, st.params
+  return fake_run(workdir, config, seed=7, transform=loud)
 
 
 SEGMENTS = np.array([[1, 1, 1, 1, 2, 2, 2, 2, 2], [1, 1, 1, 1, 1, 1, 2, 2, 3]], np.int32)
