@@ -16,6 +16,7 @@ unrolled stack (`--config.model.scan_layers=false`) with `--config.model.attenti
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
@@ -108,10 +109,19 @@ def compile_step(program, lower: str = "train") -> tuple[Any, float]:
   return compiled, time.time() - t0
 
 
+@contextlib.contextmanager
 def _no_persistent_cache():
-  from jax._src import config as jax_config  # the flag's context manager is not public API
+  """JAX decides once per process whether its persistent cache is on (memoised at the first
+  compile), so turning the flag off is not enough: reset that decision on the way in and out."""
+  from jax._src import compilation_cache  # private: the flag's memo has no public reset
+  from jax._src import config as jax_config
 
-  return jax_config.enable_compilation_cache(False)
+  compilation_cache.reset_cache()
+  try:
+    with jax_config.enable_compilation_cache(False):
+      yield
+  finally:
+    compilation_cache.reset_cache()
 
 
 def report(config, program, sl) -> tuple[dict[str, Any], Any]:
@@ -157,6 +167,11 @@ def report(config, program, sl) -> tuple[dict[str, Any], Any]:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+  import jax
+
+  # Compile-only executables cannot be loaded back from JAX's persistent cache (a warning per
+  # entry); this command compiles each program once anyway, so it never uses the cache.
+  jax.config.update("jax_enable_compilation_cache", False)
   from nsl import config as nsl_config
   from nsl import topology
   from nsl.train import program as program_lib
