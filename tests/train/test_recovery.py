@@ -38,6 +38,14 @@ def _copy(finished, tmp_path, name="run"):
   return dst
 
 
+def _cfg_file(tmp_path, data_dir, overrides=None):
+  """A config file for the CLI: tests.helpers.tiny_config on `data_dir` with `overrides`."""
+  cfg = tmp_path / "cfg.py"
+  cfg.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom tests.helpers import tiny_config\n"
+                 f"def get_config():\n  return tiny_config({data_dir!r}, **{overrides or {}!r})\n")
+  return cfg
+
+
 def _train_steps(workdir):
   return [r["step"] for r in map(json.loads, open(os.path.join(workdir, "metrics.jsonl"))) if "loss" in r]
 
@@ -77,9 +85,7 @@ def test_every_checkpoint_damaged_is_one_line_naming_the_directory(data_dir, fin
   workdir = _copy(finished, tmp_path)
   for step in ("3", "6"):
     os.remove(os.path.join(workdir, "checkpoints", step, "state", "_METADATA"))
-  cfg = tmp_path / "cfg.py"
-  cfg.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom tests.helpers import tiny_config\n"
-                 f"def get_config():\n  return tiny_config({data_dir!r})\n")
+  cfg = _cfg_file(tmp_path, data_dir)
   assert launch.main([f"--config={cfg}", f"--workdir={workdir}", "--quiet"]) == 2
   errors = [l for l in capsys.readouterr().err.splitlines() if l.startswith("nsl: error")]
   assert len(errors) == 1 and f"every checkpoint in {workdir}/checkpoints is damaged" in errors[0], errors
@@ -190,9 +196,7 @@ def test_second_trainer_on_a_workdir_refuses_and_stale_locks_are_taken_over(data
     from nsl.procs import proc_start
     lock = {"pid": holder.pid, "host": os.uname().nodename, "start": proc_start(holder.pid), "since": 0}
     (workdir / WorkdirLock.NAME).write_text(json.dumps(lock))
-    cfg = tmp_path / "cfg.py"
-    cfg.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom tests.helpers import tiny_config\n"
-                   f"def get_config():\n  return tiny_config({data_dir!r})\n")
+    cfg = _cfg_file(tmp_path, data_dir)
     assert launch.main([f"--config={cfg}", f"--workdir={workdir}", "--quiet"]) == 2
     errors = [l for l in capsys.readouterr().err.splitlines() if l.startswith("nsl: error")]
     assert len(errors) == 1 and f"in use by another trainer (pid {holder.pid}" in errors[0], errors
@@ -227,9 +231,7 @@ def test_disk_full_while_training_is_one_line(data_dir, tmp_path, capsys):
   workdir = tmp_path / "run"
   workdir.mkdir()
   os.symlink("/dev/full", workdir / "metrics.jsonl")  # every write there: ENOSPC
-  cfg = tmp_path / "cfg.py"
-  cfg.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom tests.helpers import tiny_config\n"
-                 f"def get_config():\n  return tiny_config({data_dir!r})\n")
+  cfg = _cfg_file(tmp_path, data_dir)
   assert launch.main([f"--config={cfg}", f"--workdir={workdir}", "--quiet"]) == 2
   errors = [l for l in capsys.readouterr().err.splitlines() if l.startswith("nsl: error")]
   assert len(errors) == 1 and "disk full writing" in errors[0] and "bytes free" in errors[0], errors
@@ -238,9 +240,7 @@ def test_disk_full_while_training_is_one_line(data_dir, tmp_path, capsys):
 def test_sigterm_right_after_start_through_the_cli_leaves_a_record(data_dir, tmp_path):
   import time
   from tests.helpers import SUBPROCESS_XLA_FLAGS
-  cfg = tmp_path / "cfg.py"
-  cfg.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom tests.helpers import tiny_config\n"
-                 f"def get_config():\n  return tiny_config({data_dir!r})\n")
+  cfg = _cfg_file(tmp_path, data_dir)
   workdir = tmp_path / "run"
   proc = subprocess.Popen([sys.executable, "-m", "nsl.launch", f"--config={cfg}", f"--workdir={workdir}", "--quiet"],
                           cwd=ROOT, env=dict(os.environ, XLA_FLAGS=SUBPROCESS_XLA_FLAGS),
@@ -262,9 +262,7 @@ def test_disk_full_while_checkpointing_names_the_directory_and_bytes(data_dir, t
     raise OSError(errno.ENOSPC, "No space left on device")
 
   monkeypatch.setattr(ocp.CheckpointManager, "save", full)
-  cfg = tmp_path / "cfg.py"
-  cfg.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom tests.helpers import tiny_config\n"
-                 f"def get_config():\n  return tiny_config({data_dir!r})\n")
+  cfg = _cfg_file(tmp_path, data_dir)
   workdir = tmp_path / "run"
   assert launch.main([f"--config={cfg}", f"--workdir={workdir}", "--quiet"]) == 2
   errors = [l for l in capsys.readouterr().err.splitlines() if l.startswith("nsl: error")]
@@ -284,9 +282,7 @@ def test_nll_eval_of_a_run_whose_checkpoints_are_all_damaged_is_one_line(finishe
 
 
 def test_restore_from_another_architecture_is_one_line(data_dir, finished, tmp_path, capsys):
-  cfg = tmp_path / "cfg.py"
-  cfg.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom tests.helpers import tiny_config\n"
-                 f"def get_config():\n  return tiny_config({data_dir!r}, **{{'model.d_ff': 64}})\n")
+  cfg = _cfg_file(tmp_path, data_dir, {"model.d_ff": 64})
   assert launch.main([f"--config={cfg}", f"--workdir={tmp_path / 'new'}", f"--restore_from={finished}", "--quiet"]) == 2
   errors = [l for l in capsys.readouterr().err.splitlines() if l.startswith("nsl: error")]
   assert len(errors) == 1 and "does not match this model" in errors[0], errors
