@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from nsl import attention, masks
 from nsl.data import span_corruption
-from nsl.errors import ConfigError
+from nsl.errors import ConfigError, NslError
 from nsl.models import layers
 from nsl.models.family import Family, train_flops_per_token
 
@@ -143,6 +143,28 @@ class SEDFamily(Family):
     short = {"tokens": jnp.zeros((1, 33), jnp.int32), "segment": jnp.ones((1, 33), jnp.int32)}
     return self.model.init(rng, *self.model_inputs(short))["params"]
 
+  @property
+  def rule(self) -> masks.Rule:
+    """The decoder's self-attention rule (the encoder's is ENCODER_RULE, cross CROSS_RULE)."""
+    return DECODER_RULE
+
+  def with_rule(self, rule: masks.Rule):
+    raise NslError("family 'sed' has fixed encoder, decoder and cross attention rules, no single rule to "
+                   "replace; run this probe on a standard or SPS run")
+
+  def token_logits(self, params, batch, *, model=None):
+    """Next-token logits [B, T, V] from the decoder with each document one masked span
+    (`Family.token_logits`; our reading of "as its decoder does"): the encoder sees only
+    sentinel 0 at the document's first position, the decoder is teacher-forced on the
+    document's tokens, so row t predicts token t + 1 from tokens <= t. No start id or sentinel
+    precedes a document in the decoder (static shapes): a document scores the same wherever it
+    sits in a packed row. SED's loss and eval score spans, not these logits."""
+    inputs, _, seg_in, _ = layers.next_token_targets(batch)
+    first = (seg_in > 0) & jnp.concatenate([jnp.ones_like(seg_in[:, :1], bool), seg_in[:, 1:] != seg_in[:, :-1]], 1)
+    enc_tokens = jnp.where(first, self.dims.vocab_size - 1, 0).astype(inputs.dtype)  # sentinel 0
+    enc_segment = jnp.where(first, seg_in, 0)
+    return (model or self.model).apply({"params": params}, enc_tokens, enc_segment, inputs, seg_in)
+
   def loss(self, params, batch, rng, step):
     c = self.corrupt(batch, jax.random.fold_in(rng, 0x5ED))
     logits = self.model.apply({"params": params}, c["enc_tokens"], c["enc_segment"], c["dec_inputs"],
@@ -150,6 +172,19 @@ class SEDFamily(Family):
     weights = (c["dec_segment"] > 0).astype(jnp.float32)
     loss, weight = layers.masked_cross_entropy(logits, c["targets"], weights)
     return loss, {"weight": weight}
+
+  def eval_nll(self, params, batch):
+    """(sum, count) of the NLL per *original* token: the decoder's CE at its targets that are
+    corrupted input tokens, sentinel targets (ids >= vocab_size - sentinels) left out, under the
+    fixed evaluation corruption. This is the figure `eval_val_nll` reports for SED: nats per
+    text token, the unit of the other families' next-token NLL (our reading; the double-decoder
+    paper does not say how it scores SED). The training loss keeps the sentinels (T5)."""
+    c = self.corrupt(batch, jax.random.fold_in(jax.random.PRNGKey(0), 0x5ED))
+    logits = self.model.apply({"params": params}, c["enc_tokens"], c["enc_segment"], c["dec_inputs"],
+                              c["dec_segment"])
+    text = (c["dec_segment"] > 0) & (c["targets"] < self.dims.vocab_size - self.sentinels)
+    loss, weight = layers.masked_cross_entropy(logits, c["targets"], text.astype(jnp.float32))
+    return loss * weight, weight
 
   def flops_per_token(self) -> float:
     """Per original token: each weight costs 6 FLOPs per row position it is applied to (encoder

@@ -127,3 +127,22 @@ def test_trainer_runs_sed(tmp_path):
   result = loop.Trainer(c, str(tmp_path / "run"), progress=False).run()
   assert result["status"] == "done" and np.isfinite(result["final_loss"])
   assert result["flops_per_token"] < 6 * result["params_total"]
+
+
+def test_eval_nll_scores_original_tokens_only(family_params):
+  """SED's evaluation NLL is per original token: the targets that are corrupted text, without the
+  sentinel targets, under the fixed evaluation corruption (exactly n noise tokens per full row)."""
+  family, params = family_params
+  tokens = jnp.asarray(np.random.default_rng(3).integers(1, 257, (2, 65)), jnp.int32)
+  batch = {"tokens": tokens, "segment": jnp.ones_like(tokens)}
+  total, count = jax.jit(family.eval_nll)(params, batch)
+  n, s = sc.counts(64)
+  assert float(count) == 2 * n
+  c = family.corrupt(batch, jax.random.fold_in(jax.random.PRNGKey(0), 0x5ED))
+  logits = family.model.apply({"params": params}, c["enc_tokens"], c["enc_segment"], c["dec_inputs"],
+                              c["dec_segment"])
+  logp = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+  t = np.asarray(c["targets"])
+  text = t < V - 100
+  want = -np.take_along_axis(logp, t[..., None], axis=-1)[..., 0][text].sum()
+  np.testing.assert_allclose(float(total), want, rtol=1e-5)
