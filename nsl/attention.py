@@ -7,7 +7,7 @@ Implementations (DESIGN "Masks are data"; all evaluate `nsl.masks.visible`):
              block map (`nsl.masks.block_map`) marks non-empty are visited, forward and
              backward, so SPS's windowed temporary keys and causal triangles cost only their
              visible tiles. Backward recomputes scores (custom VJP), so activations are O(S·D).
-- `splash` (TPU) and `pallas_gpu` (GPU): Pallas kernels from the `kernels` package.
+- `splash` (TPU) and `pallas_gpu` (GPU): Pallas kernels from `nsl.kernels`.
 `auto` picks splash on TPU, pallas_gpu on GPU when the kernel package provides them, else chunked;
 the platform is the context mesh's (`nsl.sharding.platform`), not the host's. Under `auto`, an
 attention the kernel cannot take (lengths off its tile grid, `Rule(block='earlier')`) runs chunked;
@@ -93,9 +93,9 @@ def resolve_impl(impl: str) -> str:
 def _kernel_module(impl: str):
   try:
     if impl == "splash":
-      from kernels import splash as mod
+      from nsl.kernels import splash as mod
     else:
-      from kernels import flash_gpu as mod
+      from nsl.kernels import flash_gpu as mod
   except ImportError as e:
     raise ConfigError(f"model.attention_impl={impl!r} is unavailable here ({e}); use 'chunked' or 'xla'") from e
   return mod

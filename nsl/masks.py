@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -30,6 +30,9 @@ PERSISTENT = 0
 TEMPORARY = 1
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # block-map codes, as in splash attention
+
+# Physical orders of a row whose tokens each own a group of G slots (`Layout.grouped`).
+ORDERS = ("interleaved", "stream_major")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +145,29 @@ class Layout:
     """The standard layout: one persistent slot per token, in order."""
     ar = np.arange(num_tokens, dtype=np.int32)
     return Layout(pos=ar, tok=ar, kind=np.zeros_like(ar))
+
+  @staticmethod
+  def grouped(kinds: Sequence[int], num_tokens: int, order: str = "interleaved") -> "Layout":
+    """G = len(kinds) slots per token, slot j of token i of kind `kinds[j]`, in physical `order`.
+
+    Logical order is always token-major: slot j of token i has `pos = G·i + j` and `tok = i`
+    (for SPS, G = 2 and the pair (x_i, ρ_i) sits at 2i and 2i + 1, REFERENCES §1). The physical
+    order is `interleaved` (the logical order, [x1, ρ1, x2, ρ2, …]) or `stream_major` (every
+    token's slot 0, then every token's slot 1, …: [x1..xT | ρ1..ρT]). The one place a
+    family's per-token slot groups become per-slot metadata (the model, prefill, tests and
+    benchmarks all call it).
+    """
+    if order not in ORDERS:
+      raise ValueError(f"unknown slot order {order!r}; choose one of {ORDERS}")
+    kinds_G = np.asarray(kinds, np.int32)
+    if kinds_G.ndim != 1 or kinds_G.size == 0 or not np.isin(kinds_G, (PERSISTENT, TEMPORARY)).all():
+      raise ValueError(f"kinds must be a non-empty sequence of PERSISTENT ({PERSISTENT}) / TEMPORARY "
+                       f"({TEMPORARY}), got {kinds!r}")
+    g = kinds_G.size
+    pos = np.arange(g * num_tokens, dtype=np.int32)  # logical slot index G·i + j
+    if order == "stream_major":
+      pos = pos.reshape(num_tokens, g).T.reshape(-1)
+    return Layout(pos=pos, tok=pos // g, kind=kinds_G[pos % g])
 
 
 def _expand(fields: Mapping[str, Any], axis: int) -> dict[str, Any]:

@@ -62,7 +62,7 @@ def test_every_familys_train_step_compiles_for_a_tpu_slice_with_splash(v5e_2x2, 
 
 
 def test_scanned_layers_compile_to_one_body_with_the_same_parameters(v5e_2x2):
-  from kernels import splash
+  from nsl.kernels import splash
 
   splash._kernel.cache_clear()  # the kernel is then first built inside the scan's gradient trace
   unrolled = program_lib.Program(_config("sps_tiny.py", **{"model.scan_layers": False}), v5e_2x2.devices)

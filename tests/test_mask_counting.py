@@ -7,19 +7,19 @@ import time
 import numpy as np
 import pytest
 
-from kernels import rules as kernel_rules
 from nsl import masks
+from nsl.models import sps as sps_family
 from tests.helpers import run_cli
 
 
 def _layouts():
-  sps = kernel_rules.sps_layout(32)
+  sps = sps_family.slot_layout("sps", 32, "interleaved")
   perm = np.random.default_rng(0).permutation(64)
   return {
       "causal": masks.Layout.causal(64),
       "sps": sps,
-      "sps_stream_major": kernel_rules.sps_layout(32, stream_major=True),
-      "sps_rho_persistent": kernel_rules.sps_layout(32, persistent="rho"),
+      "sps_stream_major": sps_family.slot_layout("sps", 32, "stream_major"),
+      "sps_rho_persistent": sps_family.slot_layout("delayed_state", 32, "interleaved"),
       "shuffled": masks.Layout(pos=sps.pos[perm], tok=sps.tok[perm], kind=sps.kind[perm]),
       "tok_decreasing": masks.Layout(pos=np.arange(64), tok=63 - np.arange(64), kind=np.arange(64) % 2),
   }
@@ -40,7 +40,7 @@ def test_counts_and_block_maps_equal_the_dense_reference(name):
 
 
 def test_long_context_counting_is_cheap():
-  lay = kernel_rules.sps_layout(65536, stream_major=True)  # 131,072 slots: a 17e9-entry mask
+  lay = sps_family.slot_layout("sps", 65536, "stream_major")  # 131,072 slots: a 17e9-entry mask
   t0 = time.time()
   pairs = masks.visible_pairs(masks.Rule(window=64), lay, lay)
   assert time.time() - t0 < 2.0

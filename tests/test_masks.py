@@ -65,3 +65,28 @@ def test_visible_pairs_counts_causal_triangle():
 def test_layout_is_hashable_by_content():
   a, b = masks.Layout.causal(16), masks.Layout.causal(16)
   assert a == b and hash(a) == hash(b) and a != masks.Layout.causal(17)
+
+
+def test_grouped_layouts_follow_references():
+  """SPS pairs (REFERENCES §1): x_i at logical slot 2i, ρ_i at 2i + 1, both tok = i."""
+  p, t = masks.PERSISTENT, masks.TEMPORARY
+  inter = masks.Layout.grouped((p, t), 4)
+  np.testing.assert_array_equal(inter.pos, np.arange(8))
+  np.testing.assert_array_equal(inter.tok, [0, 0, 1, 1, 2, 2, 3, 3])
+  np.testing.assert_array_equal(inter.kind, [0, 1] * 4)  # x persistent, ρ temporary
+  sm = masks.Layout.grouped((p, t), 4, "stream_major")
+  np.testing.assert_array_equal(sm.pos, [0, 2, 4, 6, 1, 3, 5, 7])  # [x1..xT | ρ1..ρT]
+  np.testing.assert_array_equal(sm.tok, [0, 1, 2, 3, 0, 1, 2, 3])
+  np.testing.assert_array_equal(sm.kind, [0] * 4 + [1] * 4)
+  np.testing.assert_array_equal(masks.Layout.grouped((t, p), 4).kind, [1, 0] * 4)  # delayed: swapped
+  assert masks.Layout.grouped((p,), 5, "stream_major") == masks.Layout.causal(5)  # one slot: no order
+  three = masks.Layout.grouped((p, t, t), 2, "stream_major")  # any group size: slot j of every token
+  np.testing.assert_array_equal(three.pos, [0, 3, 1, 4, 2, 5])
+  np.testing.assert_array_equal(three.tok, [0, 1, 0, 1, 0, 1])
+  np.testing.assert_array_equal(three.kind, [0, 0, 1, 1, 1, 1])
+
+
+@pytest.mark.parametrize("kinds, order", [((0, 1), "token_major"), ((), "interleaved"), ((0, 2), "interleaved")])
+def test_grouped_layout_rejects_bad_arguments(kinds, order):
+  with pytest.raises(ValueError):
+    masks.Layout.grouped(kinds, 4, order)

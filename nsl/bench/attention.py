@@ -31,14 +31,11 @@ import numpy as np
 
 from nsl import attention, masks
 from nsl.errors import ArgumentParser, ConfigError, NslError, cli_main
+from nsl.kernels import rules as kernel_rules
+from nsl.models import sps
 
 RULES = ("causal", "window", "sps_interleaved", "sps_stream_major", "delayed", "dd_self", "dd_cross")
 KERNEL_PLATFORM = {"splash": "tpu", "pallas_gpu": "gpu"}
-
-
-def _sps_layout(num_tokens: int, stream_major: bool, persistent: str) -> masks.Layout:
-  from kernels import rules  # the kernel package's reference SPS layouts
-  return rules.sps_layout(num_tokens, stream_major=stream_major, persistent=persistent)
 
 
 def _dd_blocks(slots: int, seed: int = 0) -> np.ndarray:
@@ -59,10 +56,9 @@ def make_case(name: str, slots: int, window: int, batch: int):
   if name in ("sps_interleaved", "sps_stream_major", "delayed"):
     if slots % 2:
       raise ConfigError(f"--slots: SPS rules need an even number of slots, got {slots}")
-    stream_major = name != "sps_interleaved"
-    lay = _sps_layout(slots // 2, stream_major, "rho" if name == "delayed" else "x")
-    return (masks.Rule(window=window), attention.Slots(lay, segment),
-            {"layout": "stream_major" if stream_major else "interleaved"})
+    order = "interleaved" if name == "sps_interleaved" else "stream_major"
+    lay = sps.slot_layout("delayed_state" if name == "delayed" else "sps", slots // 2, order)
+    return masks.Rule(window=window), attention.Slots(lay, segment), {"layout": order}
   if name in ("dd_self", "dd_cross"):
     block = jnp.asarray(_dd_blocks(slots))
     s = attention.Slots(causal, segment, block)
@@ -91,7 +87,6 @@ def _time(fn, args, repeats: int) -> tuple[float, float]:
 
 
 def bench_one(name: str, slots: int, args, platform: str) -> dict:
-  from kernels import rules as kernel_rules
   rule, s, desc = make_case(name, slots, args.window, args.batch)
   block = args.block
   if slots % block:

@@ -5,7 +5,7 @@ differentiable in q, k and v (custom VJP). It is the contract of `nsl.attention.
 impl='pallas_gpu')`.
 
 How it works:
-- On the host, `kernels.rules.tile_lists` turns the static rule + layouts into, for every query
+- On the host, `nsl.kernels.rules.tile_lists` turns the static rule + layouts into, for every query
   tile, the list of its non-empty key tiles (and the transpose for the dk/dv kernel). Each
   program of the forward and dq kernels loops over exactly the non-empty key tiles of its query
   tile; each program of the dk/dv kernel loops over the non-empty query tiles of its key tile.
@@ -42,9 +42,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from kernels import rules
 from nsl import masks, sharding
 from nsl.errors import ConfigError
+from nsl.kernels import rules
 
 MAX_BLOCK = 128
 MIN_BLOCK = 16

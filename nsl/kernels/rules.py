@@ -11,8 +11,9 @@ reshapes it into what the kernels iterate over:
 - `layout_runs`: a compact arithmetic description of a layout (a few runs, each periodic with a
   power-of-two period and affine per residue) so that kernels without gathers (splash's
   computable masks on TPU) can recompute pos/tok/kind from a slot index in O(1) memory.
-- `sps_layout`: the SPS slot layouts used by tests and the benchmark (interleaved or
-  stream-major, x or ρ persistent), from REFERENCES §1.
+
+It takes any `masks.Rule` and `masks.Layout` and knows no model family: the families build
+their layouts (`masks.Layout.grouped`, `nsl.models.sps.slot_layout`).
 """
 
 from __future__ import annotations
@@ -94,27 +95,6 @@ def causal_triangle_tiles(num_slots: int, block: int) -> int:
   return n * (n + 1) // 2
 
 
-# ----------------------------------------------------------------------------- layouts
-
-
-def sps_layout(num_tokens: int, *, stream_major: bool = False, persistent: str = "x") -> masks.Layout:
-  """SPS slots for `num_tokens` tokens (2T slots): x_i and ρ_i share tok = i.
-
-  Logical order (pos) is always interleaved, x_i at 2i and ρ_i at 2i + 1 (REFERENCES §1). The
-  physical order is interleaved `[x1, ρ1, x2, ρ2, …]` or stream-major `[x1..xT | ρ1..ρT]`.
-  `persistent='x'` is SPS (ρ temporary, windowed); `'rho'` is the delayed-state variant.
-  """
-  if persistent not in ("x", "rho"):
-    raise ValueError(f"persistent must be 'x' or 'rho', got {persistent!r}")
-  pos = np.arange(2 * num_tokens, dtype=np.int32)
-  if stream_major:
-    pos = np.concatenate([pos[0::2], pos[1::2]])
-  tok = pos // 2
-  is_rho = pos % 2
-  kind = is_rho if persistent == "x" else 1 - is_rho
-  return masks.Layout(pos=pos, tok=tok, kind=kind.astype(np.int32))
-
-
 # ----------------------------------------------------------------------------- arithmetic runs
 
 
@@ -171,8 +151,9 @@ def _fit_runs(values: np.ndarray, period: int, max_runs: int) -> list[Run] | Non
 def layout_runs(layout: masks.Layout, max_runs: int = MAX_RUNS) -> tuple[Run, ...] | None:
   """The fewest periodic-affine runs (period 1, 2, 4 or 8) reproducing pos, tok and kind.
 
-  Causal, SPS interleaved and delayed layouts are one run, stream-major two. None when the layout
-  needs more than `max_runs` runs (then it cannot be recomputed cheaply from a slot index).
+  Causal layouts and two-slot `masks.Layout.grouped` layouts (SPS's (x, ρ) pairs, either kinds)
+  are one run interleaved, two stream-major. None when the layout needs more than `max_runs`
+  runs (then it cannot be recomputed cheaply from a slot index).
   """
   values = np.stack([layout.pos, layout.tok, layout.kind]).astype(np.int64)
   best = None

@@ -7,7 +7,7 @@ The mask is a splash *computable* mask (`RuleMask`, a `_ComputableMask`), so hos
 O(S): splash evaluates it tile by tile on the host to build its block map (EMPTY tiles skipped,
 FULL tiles unmasked) and inside the kernel for PARTIAL tiles. A TPU kernel cannot gather from
 per-slot tables, so pos / tok / kind are *recomputed from the slot index* with the few
-periodic-affine runs of `kernels.rules.layout_runs` (causal, SPS interleaved, delayed and
+periodic-affine runs of `nsl.kernels.rules.layout_runs` (causal, SPS interleaved, delayed and
 stream-major layouts are one or two runs); `nsl.masks.visible` is then applied to them, so the
 rule is the same function every backend uses. Dynamic fields go through splash's segment ids,
 which test equality only:
@@ -51,9 +51,9 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
-from kernels import rules
 from nsl import masks, sharding
 from nsl.errors import ConfigError
+from nsl.kernels import rules
 
 LANES = 128
 BATCH_AXES = ("data", "fsdp")

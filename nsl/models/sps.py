@@ -47,7 +47,7 @@ from nsl.models.family import Family, train_flops_per_token
 
 VARIANTS = ("sps", "twox_memory", "delayed_state", "reverse_sps", "standard")
 SLOT_VARIANTS = VARIANTS[:4]
-LAYOUTS = ("interleaved", "stream_major")
+LAYOUTS = masks.ORDERS  # physical slot orders, `masks.Layout.grouped`
 # Default physical layout when `config.model.layout` is absent. Stream-major puts the temporary
 # keys in a band whose empty tiles the chunked/kernel paths skip: at 2048 tokens, w = 64, tiles
 # of 128, SPS visits 334 tiles instead of 528 and a chunked train step took 1106 vs 1679 ms
@@ -91,18 +91,12 @@ def _check_variant(variant: str) -> None:
 
 def slot_layout(variant: str, num_tokens: int, layout: str = "interleaved") -> masks.Layout:
   """Static per-slot metadata (pos, tok, kind) of 2T slots in the physical `layout` order
-  (T slots, all persistent, for `standard`)."""
+  (T slots, all persistent, for `standard`): the (x_i, ρ_i) groups of `masks.Layout.grouped`
+  with the variant's kinds."""
   _check_variant(variant)
   if variant == "standard":
     return masks.Layout.causal(num_tokens)
-  if layout not in LAYOUTS:
-    raise ValueError(f"unknown layout {layout!r}; choose one of {LAYOUTS}")
-  spec = SPECS[variant]
-  pos = np.arange(2 * num_tokens, dtype=np.int32)  # interleaved slot index 2i + j
-  if layout == "stream_major":
-    pos = np.concatenate([pos[0::2], pos[1::2]])
-  kind = np.asarray(spec.kinds, np.int32)[pos % 2]
-  return masks.Layout(pos=pos, tok=pos // 2, kind=kind)
+  return masks.Layout.grouped(SPECS[variant].kinds, num_tokens, layout)
 
 
 def slot_rule(variant: str, window: int | None, persistent_window: int | None = None) -> masks.Rule:

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import rules
 from nsl import attention, masks
+from nsl.models import sps
 
 # Kernels run compiled on their own platform, in Pallas interpret mode elsewhere (CPU CI).
 PLATFORM = jax.default_backend()
@@ -69,11 +69,11 @@ def make_cases(num_tokens: int, window: int = 3) -> list[Case]:
   cases.append(Case("sliding_window_0", masks.Rule(persistent_window=0), cs, cs))
 
   seg_t = token_segments(num_tokens, _docs(num_tokens))
-  for name, stream_major, persistent in (("sps_interleaved", False, "x"),
-                                         ("sps_stream_major", True, "x"),
-                                         ("delayed", False, "rho"),
-                                         ("delayed_stream_major", True, "rho")):
-    lay = rules.sps_layout(num_tokens, stream_major=stream_major, persistent=persistent)
+  for name, variant, order in (("sps_interleaved", "sps", "interleaved"),
+                                ("sps_stream_major", "sps", "stream_major"),
+                                ("delayed", "delayed_state", "interleaved"),
+                                ("delayed_stream_major", "delayed_state", "stream_major")):
+    lay = sps.slot_layout(variant, num_tokens, order)
     sl = attention.Slots(lay, segment=slot_segments(lay, seg_t))
     cases.append(Case(name, masks.Rule(window=window), sl, sl))
     if name in ("sps_interleaved", "sps_stream_major"):

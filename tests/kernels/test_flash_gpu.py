@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import kernel_cases as kc
-from kernels import flash_gpu, rules
 from nsl import attention, masks
 from nsl.errors import ConfigError
+from nsl.kernels import flash_gpu, rules
 
 INTERPRET = kc.PLATFORM != "gpu"
 NUM_TOKENS = 32  # 64 slots

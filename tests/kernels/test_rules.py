@@ -1,28 +1,18 @@
-"""Tile plans and layout runs (kernels/rules.py), written from the rules rather than the code."""
+"""Tile plans and layout runs (nsl/kernels/rules.py), written from the rules rather than the code."""
 
 import numpy as np
 import pytest
 
 import kernel_cases as kc
-from kernels import rules
 from nsl import masks
+from nsl.kernels import rules
+from nsl.models import sps
 
 
 def _sps(num_tokens, stream_major, persistent="x"):
-  return rules.sps_layout(num_tokens, stream_major=stream_major, persistent=persistent)
-
-
-def test_sps_layouts_follow_references():
-  t = 4
-  inter = _sps(t, False)
-  np.testing.assert_array_equal(inter.pos, np.arange(8))
-  np.testing.assert_array_equal(inter.tok, [0, 0, 1, 1, 2, 2, 3, 3])
-  np.testing.assert_array_equal(inter.kind, [0, 1] * 4)  # x persistent, ρ temporary
-  sm = _sps(t, True)
-  np.testing.assert_array_equal(sm.pos, [0, 2, 4, 6, 1, 3, 5, 7])  # [x1..xT | ρ1..ρT]
-  np.testing.assert_array_equal(sm.tok, [0, 1, 2, 3, 0, 1, 2, 3])
-  np.testing.assert_array_equal(sm.kind, [0] * 4 + [1] * 4)
-  np.testing.assert_array_equal(_sps(t, False, "rho").kind, [1, 0] * 4)  # delayed: kinds swapped
+  """The SPS family's layout: x persistent (sps) or ρ persistent (delayed_state)."""
+  variant = "sps" if persistent == "x" else "delayed_state"
+  return sps.slot_layout(variant, num_tokens, "stream_major" if stream_major else "interleaved")
 
 
 @pytest.mark.parametrize("name", [c.name for c in kc.make_cases(32)])

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import kernel_cases as kc
-from kernels import rules, splash
 from nsl import attention, masks
 from nsl.errors import ConfigError
+from nsl.kernels import rules, splash
 
 INTERPRET = kc.PLATFORM != "tpu"
 NUM_TOKENS = 128  # 256 slots
