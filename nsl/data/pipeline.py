@@ -37,7 +37,7 @@ from typing import Iterator
 
 import numpy as np
 
-from nsl.data.prepare import load_manifest, verify_shards
+from nsl.data.datadir import load_manifest, verify_split
 from nsl.errors import ConfigError, DataError
 
 VERIFY_MODES = ("size", "sha256")
@@ -128,12 +128,7 @@ def _open_split(data_dir: str, split: str, seq_len: int, verify: str):
   if seq_len <= 0:
     raise ConfigError(f"seq_len={seq_len} must be positive")
   manifest = load_manifest(data_dir)
-  verify_shards(data_dir, manifest, split, full_checksum=verify == "sha256")
-  if "label_shards" in manifest["splits"][split]:
-    verify_shards(data_dir, {"splits": {split: {"shards": manifest["splits"][split]["label_shards"]}}}, split,
-                  full_checksum=verify == "sha256")
-  for spec in manifest["splits"][split].get("extra_shards", {}).values():
-    verify_shards(data_dir, {"splits": {split: {"shards": spec["shards"]}}}, split, full_checksum=verify == "sha256")
+  verify_split(data_dir, manifest, split, full_checksum=verify == "sha256")  # tokens, labels, extra arrays
   tokens = SplitTokens(data_dir, manifest, split)
   return manifest, tokens, tokens.num_tokens // (seq_len + 1)
 

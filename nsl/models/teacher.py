@@ -31,9 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 
@@ -136,7 +134,7 @@ def precompute(teacher_dir: str, data_dir: str, out_dir: str, seq_len: int | Non
   import jax
   import jax.numpy as jnp
 
-  from nsl.data import pipeline, prepare
+  from nsl.data import datadir, pipeline
 
   teacher = Teacher.load(teacher_dir)
   student_like = teacher.config.copy_and_resolve_references()
@@ -145,10 +143,10 @@ def precompute(teacher_dir: str, data_dir: str, out_dir: str, seq_len: int | Non
   seq_len = int(seq_len or teacher.config.data.seq_len)
   if top_k <= 0 or temperature <= 0:
     raise ConfigError("--top_k and --temperature must be positive")
-  manifest = prepare.load_manifest(data_dir)
+  manifest = datadir.load_manifest(data_dir)
   vocab = int(teacher.config.model.vocab_size)
   k = min(top_k, vocab)
-  idx_dtype = np.dtype("<u2") if vocab <= 1 << 16 else np.dtype("<u4")
+  idx_dtype = datadir.token_dtype(vocab)
 
   @jax.jit
   def states(params, tokens, segment):
@@ -157,13 +155,10 @@ def precompute(teacher_dir: str, data_dir: str, out_dir: str, seq_len: int | Non
     return idx, jax.nn.softmax(vals / temperature, axis=-1)
 
   out_dir = os.path.abspath(out_dir)
-  if os.path.exists(os.path.join(out_dir, prepare.MANIFEST)) and not force:
+  if os.path.exists(os.path.join(out_dir, datadir.MANIFEST)) and not force:
     raise DataError(f"{out_dir} is already prepared; pass --force to rebuild it")
-  os.makedirs(os.path.dirname(out_dir), exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=os.path.dirname(out_dir))
-  os.chmod(tmp, 0o755)
   new = json.loads(json.dumps(manifest))
-  try:
+  with datadir.Staging(out_dir) as st:  # the data-dir writer: temp dir, checked, renamed into place
     for split in splits:
       if split not in manifest["splits"]:
         continue
@@ -187,23 +182,13 @@ def precompute(teacher_dir: str, data_dir: str, out_dir: str, seq_len: int | Non
           val_all[w * window:w * window + seq_len] = val[j]
       extra = {}
       for name, arr in (("teacher_idx", idx_all), ("teacher_val", val_all)):
-        fname = f"{split}_{name}_00000.bin"
-        data = arr.tobytes()
-        with open(os.path.join(tmp, fname), "wb") as f:
-          f.write(data)
-        extra[name] = {"width": k, "dtype": arr.dtype.name,
-                       "shards": [{"file": fname, "tokens": n_tok, "bytes": len(data),
-                                   "sha256": hashlib.sha256(data).hexdigest()}]}
+        shard = datadir.write_shard(st.path, f"{split}_{name}_00000.bin", arr)
+        extra[name] = {"width": k, "dtype": arr.dtype.name, "shards": [{**shard, "tokens": n_tok}]}  # tokens = rows
       entry["extra_shards"] = extra
     new["splits"] = {s: new["splits"][s] for s in splits if s in new["splits"]}
     new["teacher"] = {"run": os.path.abspath(teacher_dir), "top_k": k, "temperature": temperature,
                       "seq_len": seq_len, "source_data": os.path.abspath(data_dir)}
-    with open(os.path.join(tmp, prepare.MANIFEST), "w") as f:
-      json.dump(new, f, indent=1)
-    prepare._install(tmp, out_dir, force)
-    return new
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+    return st.install(new, force)
 
 
 def main(argv=None) -> int:

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from nsl import launch
-from nsl.data import prepare
+from nsl.data import datadir, prepare
 from tests.helpers import ROOT, make_corpus, run_cli
 
 
@@ -161,7 +161,7 @@ def test_disk_full_while_preparing_is_one_line(tmp_path, capsys, monkeypatch):
   def full(self):
     raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "train_00000.bin"))
 
-  monkeypatch.setattr(prepare._ShardWriter, "_flush", full)
+  monkeypatch.setattr(datadir.ShardWriter, "_flush", full)
   rc, lines = _cli(capsys, prepare.main, f"--source={text}", f"--out={tmp_path / 'out'}")
   _one_line(rc, lines, "disk full", "bytes free")
   assert not (tmp_path / "out").exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".out")]

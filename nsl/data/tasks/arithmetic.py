@@ -11,7 +11,7 @@ the next token at the positions from '=' to the answer's last token (the answer 
 none elsewhere, so only the answer is trained and scored.
 
 Output: a prepared data dir (tokenizer `task:arithmetic`, `label_shards`, see
-nsl.data.tasks.s5.write_labelled_dir) plus `heldout.npz` with `heldout_per_count` problems per
+nsl.data.datadir.write_labelled_dir) plus `heldout.npz` with `heldout_per_count` problems per
 operand count m = 2..10 (`tokens_m`, `labels_m`, padded windows), for procedural evaluation:
 `answer_accuracy` scores exact-match of the greedy answer per m.
 """
@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-from nsl.data.tasks import s5
+from nsl.data import datadir
 from nsl.errors import ArgumentParser, ConfigError, cli_main
 
 PLUS, MINUS, EQUALS, EOS_ID = 10, 11, 12, 13
@@ -74,15 +74,16 @@ def generate(out_dir: str, train_sequences: int = 200_000, val_sequences: int = 
   splits = {}
   for (split, n), rng in zip((("train", train_sequences), ("val", val_sequences)), rngs):
     tok, lab = sample(rng, n, rng.integers(MIN_OPERANDS, MAX_OPERANDS + 1, n))
-    splits[split] = (tok.astype("<u2"), np.where(lab >= 0, lab, s5.LABEL_IGNORE).astype("<u2"))
+    splits[split] = (tok.astype("<u2"), np.where(lab >= 0, lab, datadir.LABEL_IGNORE).astype("<u2"))
   held = {}
   for m in range(MIN_OPERANDS, MAX_OPERANDS + 1):
     tok, lab = sample(rngs[2], heldout_per_count, m)
     held[f"tokens_{m}"], held[f"labels_{m}"] = tok.astype(np.int8), lab.astype(np.int8)
   task = {"name": "arithmetic", "operands": [MIN_OPERANDS, MAX_OPERANDS], "vocab": list(VOCAB),
           "heldout": "heldout.npz", "seq_len": WINDOW}
-  return s5.write_labelled_dir(out_dir, splits, tokenizer=TOKENIZER, vocab_size=VOCAB_SIZE, eos_id=EOS_ID,
-                               seed=seed, val_fraction=0.01, extra=task, extra_files={"heldout.npz": held}, force=force)
+  return datadir.write_labelled_dir(out_dir, splits, tokenizer=TOKENIZER, vocab_size=VOCAB_SIZE, eos_id=EOS_ID,
+                                    seed=seed, val_fraction=0.01, extra=task, extra_files={"heldout.npz": held},
+                                    force=force)
 
 
 def answer_accuracy(logits_BTV: np.ndarray, labels_BT: np.ndarray) -> float:

@@ -29,6 +29,7 @@ import sys
 
 import numpy as np
 
+from nsl.data.tasks import planning_dir
 from nsl.errors import ArgumentParser
 
 MAX_INT = 10_000
@@ -210,8 +211,6 @@ def from_kwargs(**kwargs) -> Countdown:
 
 
 def main(argv=None) -> int:
-  from nsl.data.tasks import task_data
-
   p = ArgumentParser(prog="python -m nsl.data.tasks.countdown")
   p.add_argument("--n_train", type=int, default=50_000)
   p.add_argument("--n_test", type=int, default=1_000)
@@ -221,7 +220,8 @@ def main(argv=None) -> int:
   p.add_argument("--force", action="store_true")
   a = p.parse_args(argv)
   spec = f"task:countdown:n_train={a.n_train},n_test={a.n_test},max_num={a.max_num},seed={a.seed}"
-  return task_data.write_main(spec, a.out, a.force)
+  kwargs = {k: v for k, v in vars(a).items() if k not in ("out", "force")}
+  return planning_dir.write_main(spec, lambda: from_kwargs(**kwargs), a.out, a.force)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import sys
 
 import numpy as np
 
+from nsl.data.tasks import planning_dir
 from nsl.errors import ArgumentParser
 
 NUM_LABELS = 100
@@ -137,8 +138,6 @@ def from_kwargs(**kwargs) -> PathStar:
 
 
 def main(argv=None) -> int:
-  from nsl.data.tasks import task_data
-
   p = ArgumentParser(prog="python -m nsl.data.tasks.path_star")
   p.add_argument("--d", type=int, default=5)
   p.add_argument("--l", type=int, default=5)
@@ -149,7 +148,8 @@ def main(argv=None) -> int:
   p.add_argument("--force", action="store_true")
   a = p.parse_args(argv)
   spec = f"task:path_star:d={a.d},l={a.l},n_train={a.n_train},n_test={a.n_test},seed={a.seed}"
-  return task_data.write_main(spec, a.out, a.force)
+  kwargs = {k: v for k, v in vars(a).items() if k not in ("out", "force")}
+  return planning_dir.write_main(spec, lambda: from_kwargs(**kwargs), a.out, a.force)
 
 
 if __name__ == "__main__":

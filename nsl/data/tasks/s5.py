@@ -16,8 +16,8 @@ current state (not the next token). Each sequence is padded with EOS (label none
 window of `seq_len + 1 = max_train_len + 2` tokens, so with `data.seq_len = max_train_len + 1`
 every training window is exactly one sequence.
 
-Output: a prepared data dir (`nsl.data.prepare` format, tokenizer name `task:s5`) whose splits
-also list `label_shards` (the pipeline then adds `labels` to every batch; see
+Output: a prepared data dir (`nsl.data.datadir.write_labelled_dir`, tokenizer name `task:s5`) whose
+splits also list `label_shards` (the pipeline then adds `labels` to every batch; see
 nsl/data/pipeline.py), plus `heldout.npz` with 2,000 sequences per length N = 1..64
 (`tokens_N`, `labels_N`, uint8 [n, N+1], no EOS) drawn from a separate seed stream, for
 `nsl.evals.length_generalization`. Training lengths are uniform in [1, max_train_len = 16].
@@ -27,17 +27,13 @@ Accuracy at length N is the fraction of held-out sequences whose final state s_N
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import os
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 
-from nsl.data import prepare
+from nsl.data import datadir
 from nsl.errors import ArgumentParser, ConfigError, DataError, cli_main
 
 NUM_STATES = 120
@@ -63,7 +59,7 @@ NUM_GENERATORS = len(GENERATOR_PERMS)
 GENERATOR_BASE = NUM_STATES  # token id of generator j is 120 + j
 EOS_ID = NUM_STATES + NUM_GENERATORS  # 132
 VOCAB_SIZE = EOS_ID + 1
-LABEL_IGNORE = 65535
+LABEL_IGNORE = datadir.LABEL_IGNORE
 TOKENIZER = "task:s5"
 GENERATORS = tuple(_INDEX[g] for g in GENERATOR_PERMS)  # state ids of the generators
 
@@ -106,49 +102,6 @@ def to_windows(tokens: np.ndarray, labels: np.ndarray, window: int, eos_id: int)
   return tok.astype("<u2"), lab.astype("<u2")
 
 
-def _write(path: str, array: np.ndarray) -> dict:
-  data = np.ascontiguousarray(array).tobytes()
-  with open(path, "wb") as f:
-    f.write(data)
-  return {"file": os.path.basename(path), "tokens": int(array.size), "bytes": len(data),
-          "sha256": hashlib.sha256(data).hexdigest()}
-
-
-def write_labelled_dir(out_dir: str, splits: dict[str, tuple[np.ndarray, np.ndarray]], *, tokenizer: str,
-                       vocab_size: int, eos_id: int, seed: int, val_fraction: float, extra: dict,
-                       extra_files: dict[str, dict[str, np.ndarray]] | None = None, force: bool = False) -> dict:
-  """Writes windows (uint16 tokens and labels [n, window]) per split as a prepared data dir with
-  `label_shards`; atomic (tmp dir renamed into place) like nsl.data.prepare."""
-  out_dir = os.path.abspath(out_dir)
-  if os.path.isfile(os.path.join(out_dir, prepare.MANIFEST)) and not force:
-    raise DataError(f"{out_dir} is already prepared; pass --force to rebuild it")
-  os.makedirs(os.path.dirname(out_dir), exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=os.path.dirname(out_dir))
-  os.chmod(tmp, 0o755)
-  try:
-    manifest_splits = {}
-    for split, (tok, lab) in splits.items():
-      manifest_splits[split] = {
-          "documents": int(tok.shape[0]), "tokens": int(tok.size),
-          "shards": [_write(os.path.join(tmp, f"{split}_00000.bin"), tok)],
-          "label_shards": [_write(os.path.join(tmp, f"{split}_labels_00000.bin"), lab)],
-      }
-    for name, arrays in (extra_files or {}).items():
-      np.savez_compressed(os.path.join(tmp, name), **arrays)
-    manifest = {
-        "format_version": prepare.FORMAT_VERSION, "sources": [tokenizer], "max_docs": None, "seed": seed,
-        "val_fraction": val_fraction, "tokenizer": {"name": tokenizer}, "vocab_size": vocab_size,
-        "eos_id": eos_id, "dtype": "uint16", "shard_tokens": None, "unigram_entropy_nats": None,
-        "label_ignore": LABEL_IGNORE, "splits": manifest_splits, "task": extra,
-    }
-    with open(os.path.join(tmp, prepare.MANIFEST), "w") as f:
-      json.dump(manifest, f, indent=1)
-    prepare._install(tmp, out_dir, force)
-    return manifest
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
 def generate(out_dir: str, train_sequences: int = 200_000, val_sequences: int = 2_000, max_train_len: int = 16,
              heldout_per_length: int = 2_000, max_eval_len: int = 64, seed: int = 0, force: bool = False) -> dict:
   """Writes the S5 data dir (see the module docstring); returns its manifest."""
@@ -167,13 +120,14 @@ def generate(out_dir: str, train_sequences: int = 200_000, val_sequences: int = 
   task = {"name": "s5", "generators": [list(g) for g in GENERATOR_PERMS], "num_states": NUM_STATES,
           "max_train_len": max_train_len, "max_eval_len": max_eval_len, "heldout_per_length": heldout_per_length,
           "chance": 1.0 / NUM_STATES, "heldout": "heldout.npz"}
-  return write_labelled_dir(out_dir, splits, tokenizer=TOKENIZER, vocab_size=VOCAB_SIZE, eos_id=EOS_ID, seed=seed,
-                            val_fraction=0.01, extra=task, extra_files={"heldout.npz": held}, force=force)
+  return datadir.write_labelled_dir(out_dir, splits, tokenizer=TOKENIZER, vocab_size=VOCAB_SIZE, eos_id=EOS_ID,
+                                    seed=seed, val_fraction=0.01, extra=task, extra_files={"heldout.npz": held},
+                                    force=force)
 
 
 def load_heldout(data_dir: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
   """{N: (tokens int32 [n, N+1], labels int32 [n, N+1])} of a task data dir's held-out set."""
-  manifest = prepare.load_manifest(data_dir)
+  manifest = datadir.load_manifest(data_dir)
   name = manifest.get("task", {}).get("heldout")
   if not name:
     raise DataError(f"{data_dir} has no held-out length set (not an S5 task dir); make one with "
