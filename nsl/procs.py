@@ -1,5 +1,5 @@
 """Is a process still there? The pid + start-time test that lock files (the workdir lock in
-`nsl.checkpoint`, the grid cells' locks in `nsl.scaling.backends`) use to tell a live holder from
+`nsl.checkpoint`, the grid cells' locks in `nsl.scaling.locks`) use to tell a live holder from
 a dead one whose pid the kernel may have reused."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How the grid runner starts and owns runs: backends (local, tpu, ray), per-cell locks, the runner.
+"""How the grid runner starts runs: backends (local, tpu, ray) and the exec shim of their children.
 
 A backend turns a cell into a running launcher command and reports its exit code:
   local  `python -m nsl.launch ARGS` as a subprocess of the runner;
@@ -10,11 +10,9 @@ A backend turns a cell into a running launcher command and reports its exit code
          the workers and the runner share.
 Subprocesses ignore SIGINT (the runner turns Ctrl-C into SIGTERM, which the launcher answers
 with a checkpoint and status "preempted") and, on Linux, get SIGTERM when the runner dies, so a
-killed runner leaves no orphan training into a cell's workdir.
-
-A cell's lock file holds the owning runner's pid, host and process start time, and the child's;
-a runner whose process is gone (or whose heartbeat is older than STALE_SECONDS, for other hosts)
-has left a stale lock, which the next runner takes over after stopping any leftover child.
+killed runner leaves no orphan training into a cell's workdir. They start through this module
+(`python -m nsl.scaling.backends PROGRAM ARGS...`, see `spawn`), which imports no other part of
+the grid. The runner itself is `nsl.scaling.runner`, the cells' locks `nsl.scaling.locks`.
 """
 
 from __future__ import annotations
@@ -23,19 +21,12 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from nsl.errors import ConfigError, NslError
-from nsl.procs import alive, proc_start
-from nsl.scaling.grid import (CELL_FILE, LOCK_FILE, LOG_FILE, STATUS_FILE, Cell, _log_tail, _read_json, _stamp,
-                              _write_json, result_status, summarize, update_status)
-
-STALE_SECONDS = 300.0  # a lock from another host without a heartbeat for this long is stale
-CHILD_GRACE_SECONDS = 120.0  # time a leftover child gets to checkpoint after SIGTERM
+from nsl.scaling.locks import CHILD_GRACE_SECONDS
 
 
 # -- processes ------------------------------------------------------------------------------------
@@ -63,103 +54,6 @@ def spawn(argv: list[str], log_path: str | None, cwd: str | None = None, env: di
   finally:
     if log_path:
       log.close()
-
-
-# -- locks ----------------------------------------------------------------------------------------
-class CellLock:
-  """An exclusive, pid-stamped lock file in a cell directory (see the module docstring)."""
-
-  def __init__(self, path: Path, info: dict):
-    self.path, self.info = path, info
-
-  @classmethod
-  def acquire(cls, path: Path) -> "CellLock | None":
-    """The lock, taking over a stale one; None while a live runner holds it."""
-    for _ in range(2):
-      info = {"pid": os.getpid(), "host": socket.gethostname(), "start": proc_start(os.getpid()),
-              "since": time.time(), "child_pid": None, "child_start": None}
-      try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-      except FileExistsError:
-        if not cls._take_over(path):
-          return None
-        continue
-      with os.fdopen(fd, "w") as f:
-        json.dump(info, f)
-      return cls(path, info)
-    return None
-
-  @staticmethod
-  def read(path: Path) -> dict | None:
-    try:
-      return json.loads(path.read_text())
-    except (OSError, ValueError):
-      return None
-
-  @staticmethod
-  def held(path: Path, info: dict | None = None) -> bool:
-    """Whether a live runner holds the lock at `path`."""
-    info = info if info is not None else CellLock.read(path)
-    if info is None:  # being written this instant, or unreadable: trust the file's age
-      try:
-        return time.time() - path.stat().st_mtime < STALE_SECONDS
-      except OSError:
-        return False
-    if info.get("host") == socket.gethostname():
-      return alive(info.get("pid"), info.get("start"))
-    try:
-      return time.time() - path.stat().st_mtime < STALE_SECONDS
-    except OSError:
-      return False
-
-  @classmethod
-  def _take_over(cls, path: Path) -> bool:
-    """Removes a stale lock after stopping its leftover child; False if the lock is live."""
-    info = cls.read(path)
-    if cls.held(path, info):
-      return False
-    info = info or {}
-    child, child_start = info.get("child_pid"), info.get("child_start")
-    if info.get("host") == socket.gethostname() and alive(child, child_start):
-      stop_process(child, child_start)
-    stale = path.with_name(f"{path.name}.stale{os.getpid()}")
-    try:
-      os.rename(path, stale)  # atomic: of two runners taking over, one wins
-    except FileNotFoundError:
-      return True
-    stale.unlink(missing_ok=True)
-    return True
-
-  def set_child(self, pid: int | None) -> None:
-    self.info.update(child_pid=pid, child_start=proc_start(pid) if pid else None)
-    tmp = self.path.with_name(self.path.name + ".tmp")
-    tmp.write_text(json.dumps(self.info))
-    os.replace(tmp, self.path)
-
-  def heartbeat(self) -> None:
-    try:
-      os.utime(self.path)
-    except OSError:
-      pass
-
-  def release(self) -> None:
-    self.path.unlink(missing_ok=True)
-
-
-def stop_process(pid: int, start: str | None, grace: float = CHILD_GRACE_SECONDS) -> None:
-  """SIGTERM (the launcher checkpoints and exits), then SIGKILL after `grace` seconds."""
-  try:
-    os.kill(pid, signal.SIGTERM)
-  except ProcessLookupError:
-    return
-  deadline = time.time() + grace
-  while alive(pid, start) and time.time() < deadline:
-    time.sleep(0.2)
-  if alive(pid, start):
-    try:
-      os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-      pass
 
 
 # -- backends -------------------------------------------------------------------------------------
@@ -294,145 +188,6 @@ def make_backend(name: str, **kwargs):
     return RayBackend(kwargs.get("ray_address") or "auto", kwargs.get("ray_num_cpus", 1.0),
                       kwargs.get("ray_num_gpus", 0.0), resources, kwargs.get("ray_local_cpus"))
   raise ConfigError(f"--backend={name}: choose local, tpu or ray")
-
-
-
-# -- the runner -----------------------------------------------------------------------------------
-class Runner:
-  """Runs a grid's unfinished cells, `parallel` at a time, each with up to 1 + `retries` failed
-  attempts (a cell whose launcher exits with status 2, a user error, is not retried: it would
-  fail the same way). A run that ends "preempted" is restarted without counting as a failure."""
-
-  MAX_PREEMPTIONS = 50
-
-  def __init__(self, cells: list[Cell], root: str, backend, parallel: int = 1, retries: int = 2,
-               poll_seconds: float = 1.0, out=sys.stdout):
-    if parallel < 1 or retries < 0:
-      raise ConfigError(f"--parallel={parallel} must be >= 1 and --retries={retries} >= 0")
-    self.cells, self.root, self.backend = cells, Path(root), backend
-    self.parallel, self.retries, self.poll_seconds, self.out = parallel, retries, poll_seconds, out
-    self.stop_requested = 0
-
-  def _say(self, msg: str) -> None:
-    print(f"[grid {_stamp()}] {msg}", file=self.out, flush=True)
-
-  def _prepare(self) -> None:
-    self.root.mkdir(parents=True, exist_ok=True)
-    for cell in self.cells:
-      d = self.root / cell.run_id
-      d.mkdir(exist_ok=True)
-      if not (d / CELL_FILE).is_file():
-        _write_json(d / CELL_FILE, cell.to_json())
-      if not (d / STATUS_FILE).is_file():
-        update_status(d, run_id=cell.run_id, status="pending", attempts=0, failures=0, created=_stamp())
-      if result_status(d) == "done" and (_read_json(d / STATUS_FILE) or {}).get("status") != "done":
-        update_status(d, status="done")  # finished after its runner died
-      if result_status(d) == "done" and (d / LOCK_FILE).exists() and not CellLock.held(d / LOCK_FILE):
-        CellLock._take_over(d / LOCK_FILE)  # a dead runner's lock: a done cell is never started again
-    _write_json(self.root / "grid.json", {"cells": [c.run_id for c in self.cells], "written": _stamp()})
-
-  def _on_signal(self, signum, frame) -> None:
-    self.stop_requested += 1
-
-  def run(self) -> dict[str, int]:
-    self._prepare()
-    queue = [c for c in self.cells if result_status(self.root / c.run_id) != "done"]
-    self._say(f"{len(self.cells)} cells, {len(self.cells) - len(queue)} done, {len(queue)} to run on "
-              f"{self.backend.name} x{self.parallel} under {self.root}")
-    previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    active: dict[str, tuple] = {}  # run_id -> (cell, handle, lock, started, slot)
-    failures: dict[str, int] = {}
-    preemptions: dict[str, int] = {}
-    busy_elsewhere: set[str] = set()
-    terminated = False
-    try:
-      while queue or active:
-        if self.stop_requested and not terminated:
-          self._say(f"stopping: SIGTERM to {len(active)} run(s), which checkpoint and exit")
-          for _, handle, *_ in active.values():
-            self.backend.terminate(handle)
-          queue, terminated = [], True
-        if self.stop_requested > 1:
-          for _, handle, *_ in active.values():
-            self.backend.kill(handle)
-        while queue and len(active) < self.parallel and not self.stop_requested:
-          cell = queue.pop(0)
-          slot = min(set(range(self.parallel)) - {a[4] for a in active.values()})
-          started = self._start(cell, slot, busy_elsewhere)
-          if started:
-            active[cell.run_id] = started
-        for run_id, (cell, handle, lock, t0, _) in list(active.items()):
-          rc = self.backend.poll(handle)
-          if rc is None:
-            lock.heartbeat()
-            continue
-          del active[run_id]
-          if self._finish(cell, rc, lock, t0, failures, preemptions) == "retry":
-            queue.append(cell)
-        if active or queue:
-          time.sleep(self.poll_seconds)
-    finally:
-      for cell, handle, lock, *_ in active.values():  # only on an exception in this loop
-        self.backend.kill(handle)
-        update_status(self.root / cell.run_id, status="pending", note="runner crashed")
-        lock.release()
-      for s, h in previous.items():
-        signal.signal(s, h)
-      self.backend.close()
-    counts = summarize(self.root, [c.run_id for c in self.cells])
-    self._say("finished: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-              + (f"; {len(busy_elsewhere)} owned by another runner" if busy_elsewhere else ""))
-    return counts
-
-  def _start(self, cell: Cell, slot: int, busy_elsewhere: set):
-    d = self.root / cell.run_id
-    lock = CellLock.acquire(d / LOCK_FILE)
-    if lock is None:
-      busy_elsewhere.add(cell.run_id)
-      self._say(f"skip {cell.run_id}: another live runner owns it")
-      return None
-    if result_status(d) == "done":  # finished since we looked (another runner)
-      update_status(d, status="done")
-      lock.release()
-      return None
-    status = _read_json(d / STATUS_FILE) or {}
-    attempt = int(status.get("attempts", 0)) + 1
-    command = self.backend.command(cell, str(d.resolve()))
-    ckpt = d / "checkpoints"
-    resumed = ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())
-    handle = self.backend.start(cell, str(d.resolve()), str(d / LOG_FILE), slot)
-    lock.set_child(handle.pid)
-    update_status(d, status="running", attempts=attempt, started=_stamp(), finished=None, command=command,
-                  cwd=os.getcwd(), backend=self.backend.name, runner_pid=os.getpid(), child_pid=handle.pid)
-    self._say(f"start {cell.run_id} (attempt {attempt}{', resuming' if resumed else ''})")
-    return cell, handle, lock, time.time(), slot
-
-  def _finish(self, cell: Cell, rc: int, lock, t0: float, failures: dict, preemptions: dict) -> str:
-    d = self.root / cell.run_id
-    verdict = result_status(d)
-    took = f"{time.time() - t0:.0f}s"
-    if rc == 0 and verdict == "done":
-      result = _read_json(d / "result.json") or {}
-      update_status(d, status="done", finished=_stamp(), returncode=rc, result_status=verdict)
-      self._say(f"done {cell.run_id} in {took}: val loss {result.get('eval', {}).get('val')}")
-      out = "done"
-    elif self.stop_requested or (rc == 0 and verdict == "preempted"):
-      preemptions[cell.run_id] = preemptions.get(cell.run_id, 0) + 1
-      update_status(d, status="pending", finished=_stamp(), returncode=rc, result_status=verdict,
-                    note="preempted; resumes from its last checkpoint")
-      self._say(f"preempted {cell.run_id} after {took}")
-      out = "retry" if not self.stop_requested and preemptions[cell.run_id] < self.MAX_PREEMPTIONS else "pending"
-    else:
-      failures[cell.run_id] = failures.get(cell.run_id, 0) + 1
-      status = _read_json(d / STATUS_FILE) or {}
-      retry = rc != 2 and failures[cell.run_id] <= self.retries
-      update_status(d, status="pending" if retry else "failed", finished=_stamp(), returncode=rc,
-                    result_status=verdict, failures=int(status.get("failures", 0)) + 1, error=_log_tail(d))
-      self._say(f"failed {cell.run_id} (exit {rc}) after {took}: {_log_tail(d, 1)}"
-                + ("; retrying from its last checkpoint" if retry else ""))
-      out = "retry" if retry else "failed"
-    lock.release()
-    return out
 
 
 if __name__ == "__main__":  # the exec shim: python -m nsl.scaling.backends PROGRAM ARGS...

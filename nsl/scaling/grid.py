@@ -23,14 +23,14 @@ known. A cell's run id is a readable prefix (its axis labels) plus a hash of its
 it), so the same experiment always gets the same directory, whichever grid file or axis order
 produced it; changing a default in configs/base.py changes every id (a new experiment).
 
-The runner (`nsl.scaling.backends.Runner`) gives every cell ROOT/<run_id>/ with cell.json (base config and
-overrides), status.json (pending / running / done / failed, attempts, times, the command), a lock
-while a runner owns it, launch.log, and the run's own record files (the launcher's workdir).
+The runner (`nsl.scaling.runner.Runner`, through a backend of `nsl.scaling.backends`) gives every
+cell ROOT/<run_id>/ with cell.json (base config and overrides), status.json (pending / running /
+done / failed, attempts, times, the command), a lock while a runner owns it, launch.log, and the
+run's own record files (the launcher's workdir): `nsl.scaling.cells`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib.util
 import itertools
@@ -38,41 +38,15 @@ import json
 import os
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from nsl.errors import ArgumentParser, ConfigError, NslError, cli_main
+from nsl.errors import ArgumentParser, ConfigError, cli_main
+from nsl.scaling import backends, runner
+from nsl.scaling.cells import Cell, cell_rows
 
-CELL_FILE, STATUS_FILE, LOCK_FILE, LOG_FILE = "cell.json", "status.json", ".runner.lock", "launch.log"
 SPECIAL = ("config", "size", "tokens")
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-@dataclasses.dataclass(frozen=True)
-class Cell:
-  """One run of a grid: a config file plus overrides in launcher (`--config.a.b=v`) form."""
-
-  run_id: str
-  config_path: str  # absolute
-  overrides: tuple[tuple[str, str], ...]  # (field, CLI string), in application order
-  labels: tuple[tuple[str, str], ...]  # (axis, label)
-  config_hash: str
-  family: str
-  variant: str
-  size: str
-  steps: int
-  tokens: int  # steps x batch_size x seq_len: what the run will actually train on
-
-  def launch_args(self, workdir: str) -> list[str]:
-    """Arguments after `python -m nsl.launch`."""
-    return [f"--config={self.config_path}", f"--workdir={workdir}",
-            *(f"--config.{k}={v}" for k, v in self.overrides)]
-
-  def to_json(self) -> dict:
-    d = dataclasses.asdict(self)
-    d["overrides"], d["labels"] = dict(self.overrides), dict(self.labels)
-    return d
 
 
 # -- reading grid files ---------------------------------------------------------------------------
@@ -245,86 +219,6 @@ def expand(grid_path: str, validate: bool = True) -> list[Cell]:
   return cells
 
 
-# -- cell files -----------------------------------------------------------------------------------
-def _read_json(path: Path) -> dict | None:
-  try:
-    data = json.loads(path.read_text())
-    return data if isinstance(data, dict) else None
-  except (OSError, ValueError):
-    return None
-
-
-def _write_json(path: Path, obj: dict) -> None:
-  from nsl.metrics import write_json  # atomic
-  write_json(str(path), obj)
-
-
-def _stamp() -> str:
-  return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
-
-
-def result_status(cell_dir: Path) -> str | None:
-  """The run's own verdict (result.json `status`: done / failed / preempted), None before one."""
-  result = _read_json(cell_dir / "result.json")
-  return result.get("status") if result else None
-
-
-def update_status(cell_dir: Path, **fields) -> dict:
-  status = _read_json(cell_dir / STATUS_FILE) or {}
-  status.update(fields, updated=_stamp())
-  _write_json(cell_dir / STATUS_FILE, status)
-  return status
-
-
-def _log_tail(cell_dir: Path, lines: int = 5) -> str:
-  try:
-    with open(cell_dir / LOG_FILE, "rb") as f:
-      f.seek(0, os.SEEK_END)
-      f.seek(max(0, f.tell() - 4000))
-      text = f.read().decode("utf-8", "replace")
-  except OSError:
-    return ""
-  return " | ".join([l.strip() for l in text.replace("\r", "\n").splitlines() if l.strip()][-lines:])
-
-
-# -- status ---------------------------------------------------------------------------------------
-def cell_rows(root: Path, run_ids: list[str] | None = None) -> list[dict]:
-  """One row per cell directory (all of ROOT when run_ids is None)."""
-  from nsl.scaling.backends import CellLock
-
-  if not root.is_dir():
-    raise NslError(f"--root={root}: not a directory")
-  if run_ids is None:  # the last grid's order (grid.json), then any other cells by name
-    listed = (_read_json(root / "grid.json") or {}).get("cells", [])
-    present = sorted(p.name for p in root.iterdir() if (p / CELL_FILE).is_file())
-    run_ids = [r for r in listed if r in present] + [r for r in present if r not in listed]
-  rows = []
-  for run_id in run_ids:
-    d = root / run_id
-    cell, status = _read_json(d / CELL_FILE) or {}, _read_json(d / STATUS_FILE) or {}
-    result = _read_json(d / "result.json") or {}
-    state = status.get("status", "pending")
-    if result.get("status") == "done":
-      state = "done"
-    elif state == "running" and not CellLock.held(d / LOCK_FILE):
-      state = "stale"  # its runner died: the next `run` resumes it
-    val = (result.get("eval") or {}).get("val") if isinstance(result.get("eval"), dict) else None
-    family = cell.get("family", "?")
-    variant = cell.get("variant")
-    rows.append({"run_id": run_id, "family": family if variant in (None, family) else f"{family}/{variant}",
-                 "size": cell.get("size", "?"), "params": result.get("params_total"),
-                 "tokens": cell.get("tokens"), "status": state, "attempts": status.get("attempts", 0),
-                 "val_loss": val})
-  return rows
-
-
-def summarize(root: Path, run_ids: list[str]) -> dict[str, int]:
-  counts: dict[str, int] = {}
-  for row in cell_rows(root, run_ids):
-    counts[row["status"]] = counts.get(row["status"], 0) + 1
-  return counts
-
-
 def format_table(rows: list[dict]) -> str:
   head = ("run_id", "family", "size", "params", "tokens", "status", "attempts", "val_loss")
   fmt = {"params": lambda v: human(v) if v else "-", "tokens": lambda v: human(v) if v else "-",
@@ -379,12 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.json:
       print(f"{len(cells)} cells")
     return 0
-  from nsl.scaling.backends import Runner, make_backend
-
-  backend = make_backend(args.backend, tpu_script=args.tpu_script, ray_address=args.ray_address,
-                         ray_num_cpus=args.ray_num_cpus, ray_num_gpus=args.ray_num_gpus,
-                         ray_resources=args.ray_resources)
-  counts = Runner(cells, args.root, backend, args.parallel, args.retries, args.poll_seconds).run()
+  backend = backends.make_backend(args.backend, tpu_script=args.tpu_script, ray_address=args.ray_address,
+                                  ray_num_cpus=args.ray_num_cpus, ray_num_gpus=args.ray_num_gpus,
+                                  ray_resources=args.ray_resources)
+  counts = runner.Runner(cells, args.root, backend, args.parallel, args.retries, args.poll_seconds).run()
   print(format_table(cell_rows(Path(args.root), [c.run_id for c in cells])))
   return 0 if counts.get("done", 0) == len(cells) else 1
 

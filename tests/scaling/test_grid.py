@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from nsl.errors import ConfigError
-from nsl.scaling import grid
-from nsl.scaling.backends import CellLock, LocalBackend, TpuBackend, alive
+from nsl.procs import alive
+from nsl.scaling import cells as cell_files, grid
+from nsl.scaling.backends import LocalBackend, TpuBackend
+from nsl.scaling.locks import CellLock
 from tests.helpers import ROOT, SUBPROCESS_XLA_FLAGS, make_corpus, run_cli
 
 TINY_GRID = os.path.join(ROOT, "configs", "grids", "tiny.py")
@@ -125,7 +127,7 @@ def test_tpu_backend_builds_the_pod_script_command(tmp_path):
 
 
 def test_cell_lock_is_exclusive_and_stale_locks_are_taken_over(tmp_path):
-  path = tmp_path / grid.LOCK_FILE
+  path = tmp_path / cell_files.LOCK_FILE
   lock = CellLock.acquire(path)
   assert lock is not None and CellLock.acquire(path) is None and CellLock.held(path)
   lock.release()
@@ -220,7 +222,8 @@ def test_ray_backend_runs_a_cell_on_a_local_ray_instance(two_cell_grid, tmp_path
     import ray  # noqa: F401
   except ImportError:
     pytest.skip("ray is not installed (pip install ray): the ray backend is untested here")
-  from nsl.scaling.backends import RayBackend, Runner
+  from nsl.scaling.backends import RayBackend
+  from nsl.scaling.runner import Runner
 
   monkeypatch.setenv("XLA_FLAGS", SUBPROCESS_XLA_FLAGS)  # the workers run single-device launchers
   cell = grid.expand(two_cell_grid)[0]

@@ -1,0 +1,156 @@
+"""The grid runner: a grid's unfinished cells through a backend, resumable across kills (REFERENCES §5).
+
+`Runner(cells, root, backend).run()` gives every cell ROOT/<run_id>/ (`nsl.scaling.cells`),
+owns it through its lock (`nsl.scaling.locks`) while the backend (`nsl.scaling.backends`) runs
+the launcher there, and records each attempt in status.json.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from nsl.errors import ConfigError
+from nsl.scaling.cells import (CELL_FILE, LOCK_FILE, LOG_FILE, STATUS_FILE, Cell, log_tail, read_json, result_status,
+                               stamp, summarize, update_status, write_json)
+from nsl.scaling.locks import CellLock
+
+
+class Runner:
+  """Runs a grid's unfinished cells, `parallel` at a time, each with up to 1 + `retries` failed
+  attempts (a cell whose launcher exits with status 2, a user error, is not retried: it would
+  fail the same way). A run that ends "preempted" is restarted without counting as a failure."""
+
+  MAX_PREEMPTIONS = 50
+
+  def __init__(self, cells: list[Cell], root: str, backend, parallel: int = 1, retries: int = 2,
+               poll_seconds: float = 1.0, out=sys.stdout):
+    if parallel < 1 or retries < 0:
+      raise ConfigError(f"--parallel={parallel} must be >= 1 and --retries={retries} >= 0")
+    self.cells, self.root, self.backend = cells, Path(root), backend
+    self.parallel, self.retries, self.poll_seconds, self.out = parallel, retries, poll_seconds, out
+    self.stop_requested = 0
+
+  def _say(self, msg: str) -> None:
+    print(f"[grid {stamp()}] {msg}", file=self.out, flush=True)
+
+  def _prepare(self) -> None:
+    self.root.mkdir(parents=True, exist_ok=True)
+    for cell in self.cells:
+      d = self.root / cell.run_id
+      d.mkdir(exist_ok=True)
+      if not (d / CELL_FILE).is_file():
+        write_json(d / CELL_FILE, cell.to_json())
+      if not (d / STATUS_FILE).is_file():
+        update_status(d, run_id=cell.run_id, status="pending", attempts=0, failures=0, created=stamp())
+      if result_status(d) == "done" and (read_json(d / STATUS_FILE) or {}).get("status") != "done":
+        update_status(d, status="done")  # finished after its runner died
+      if result_status(d) == "done" and (d / LOCK_FILE).exists() and not CellLock.held(d / LOCK_FILE):
+        CellLock.take_over(d / LOCK_FILE)  # a dead runner's lock: a done cell is never started again
+    write_json(self.root / "grid.json", {"cells": [c.run_id for c in self.cells], "written": stamp()})
+
+  def _on_signal(self, signum, frame) -> None:
+    self.stop_requested += 1
+
+  def run(self) -> dict[str, int]:
+    self._prepare()
+    queue = [c for c in self.cells if result_status(self.root / c.run_id) != "done"]
+    self._say(f"{len(self.cells)} cells, {len(self.cells) - len(queue)} done, {len(queue)} to run on "
+              f"{self.backend.name} x{self.parallel} under {self.root}")
+    previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    active: dict[str, tuple] = {}  # run_id -> (cell, handle, lock, started, slot)
+    failures: dict[str, int] = {}
+    preemptions: dict[str, int] = {}
+    busy_elsewhere: set[str] = set()
+    terminated = False
+    try:
+      while queue or active:
+        if self.stop_requested and not terminated:
+          self._say(f"stopping: SIGTERM to {len(active)} run(s), which checkpoint and exit")
+          for _, handle, *_ in active.values():
+            self.backend.terminate(handle)
+          queue, terminated = [], True
+        if self.stop_requested > 1:
+          for _, handle, *_ in active.values():
+            self.backend.kill(handle)
+        while queue and len(active) < self.parallel and not self.stop_requested:
+          cell = queue.pop(0)
+          slot = min(set(range(self.parallel)) - {a[4] for a in active.values()})
+          started = self._start(cell, slot, busy_elsewhere)
+          if started:
+            active[cell.run_id] = started
+        for run_id, (cell, handle, lock, t0, _) in list(active.items()):
+          rc = self.backend.poll(handle)
+          if rc is None:
+            lock.heartbeat()
+            continue
+          del active[run_id]
+          if self._finish(cell, rc, lock, t0, failures, preemptions) == "retry":
+            queue.append(cell)
+        if active or queue:
+          time.sleep(self.poll_seconds)
+    finally:
+      for cell, handle, lock, *_ in active.values():  # only on an exception in this loop
+        self.backend.kill(handle)
+        update_status(self.root / cell.run_id, status="pending", note="runner crashed")
+        lock.release()
+      for s, h in previous.items():
+        signal.signal(s, h)
+      self.backend.close()
+    counts = summarize(self.root, [c.run_id for c in self.cells])
+    self._say("finished: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+              + (f"; {len(busy_elsewhere)} owned by another runner" if busy_elsewhere else ""))
+    return counts
+
+  def _start(self, cell: Cell, slot: int, busy_elsewhere: set):
+    d = self.root / cell.run_id
+    lock = CellLock.acquire(d / LOCK_FILE)
+    if lock is None:
+      busy_elsewhere.add(cell.run_id)
+      self._say(f"skip {cell.run_id}: another live runner owns it")
+      return None
+    if result_status(d) == "done":  # finished since we looked (another runner)
+      update_status(d, status="done")
+      lock.release()
+      return None
+    status = read_json(d / STATUS_FILE) or {}
+    attempt = int(status.get("attempts", 0)) + 1
+    command = self.backend.command(cell, str(d.resolve()))
+    ckpt = d / "checkpoints"
+    resumed = ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())
+    handle = self.backend.start(cell, str(d.resolve()), str(d / LOG_FILE), slot)
+    lock.set_child(handle.pid)
+    update_status(d, status="running", attempts=attempt, started=stamp(), finished=None, command=command,
+                  cwd=os.getcwd(), backend=self.backend.name, runner_pid=os.getpid(), child_pid=handle.pid)
+    self._say(f"start {cell.run_id} (attempt {attempt}{', resuming' if resumed else ''})")
+    return cell, handle, lock, time.time(), slot
+
+  def _finish(self, cell: Cell, rc: int, lock, t0: float, failures: dict, preemptions: dict) -> str:
+    d = self.root / cell.run_id
+    verdict = result_status(d)
+    took = f"{time.time() - t0:.0f}s"
+    if rc == 0 and verdict == "done":
+      result = read_json(d / "result.json") or {}
+      update_status(d, status="done", finished=stamp(), returncode=rc, result_status=verdict)
+      self._say(f"done {cell.run_id} in {took}: val loss {result.get('eval', {}).get('val')}")
+      out = "done"
+    elif self.stop_requested or (rc == 0 and verdict == "preempted"):
+      preemptions[cell.run_id] = preemptions.get(cell.run_id, 0) + 1
+      update_status(d, status="pending", finished=stamp(), returncode=rc, result_status=verdict,
+                    note="preempted; resumes from its last checkpoint")
+      self._say(f"preempted {cell.run_id} after {took}")
+      out = "retry" if not self.stop_requested and preemptions[cell.run_id] < self.MAX_PREEMPTIONS else "pending"
+    else:
+      failures[cell.run_id] = failures.get(cell.run_id, 0) + 1
+      status = read_json(d / STATUS_FILE) or {}
+      retry = rc != 2 and failures[cell.run_id] <= self.retries
+      update_status(d, status="pending" if retry else "failed", finished=stamp(), returncode=rc,
+                    result_status=verdict, failures=int(status.get("failures", 0)) + 1, error=log_tail(d))
+      self._say(f"failed {cell.run_id} (exit {rc}) after {took}: {log_tail(d, 1)}"
+                + ("; retrying from its last checkpoint" if retry else ""))
+      out = "retry" if retry else "failed"
+    lock.release()
+    return out
