@@ -229,17 +229,31 @@ def verify_split(data_dir: str, manifest: dict, split: str, full_checksum: bool 
 def tokenizer_fingerprint(data_dir: str, manifest: dict) -> str:
   """The tokenizer identity of a data dir: its spec plus the sha256 of its file (BPE, GPT-2), so
   two BPEs trained on different text differ. Data dirs compare equal iff their ids mean the same."""
+  name = tokenizer_file(manifest)
+  path = os.path.join(data_dir, name) if name else ""
+  digest = sha256_file(path) if name and os.path.isfile(path) else ""
+  return json.dumps(manifest["tokenizer"], sort_keys=True) + digest
+
+
+def tokenizer_file(manifest: dict) -> str | None:
+  """The file a data dir's tokenizer lives in (BPE `tokenizer.json`, GPT-2 ranks), if any."""
   spec = manifest["tokenizer"]
-  digest = ""
   default = {"bpe": "tokenizer.json", "gpt2": "gpt2.tiktoken"}.get(spec.get("name"))
-  if default:
-    path = os.path.join(data_dir, spec.get("file", default))
-    if os.path.isfile(path):
-      digest = sha256_file(path)
-  return json.dumps(spec, sort_keys=True) + digest
+  return spec.get("file", default) if default else None
 
 
 # -- writing ------------------------------------------------------------------------------------
+def copy_tokenizer(src_dir: str, manifest: dict, dst_dir: str) -> None:
+  """Copies `src_dir`'s tokenizer file (manifest `manifest`) into `dst_dir` byte for byte, so the
+  new dir has the same `tokenizer_fingerprint` (a re-serialised BPE could hash differently)."""
+  name = tokenizer_file(manifest)
+  if name:
+    src = os.path.join(src_dir, name)
+    if not os.path.isfile(src):
+      raise DataError(f"tokenizer file {src} is missing; re-run nsl.data.prepare for {src_dir}")
+    shutil.copyfile(src, os.path.join(dst_dir, name))
+
+
 def install(tmp_dir: str, out_dir: str, force: bool) -> None:
   """Moves the finished tmp dir to out_dir (atomic rename; replaces an old one with force)."""
   if os.path.isdir(out_dir) and not os.listdir(out_dir):

@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import sys
 import time
 from typing import Sequence
@@ -175,8 +174,8 @@ def _tokenize_into(tmp_dir, tokenizer, sources, val_fraction, seed, shard_tokens
 
 
 class _Reused:
-  """The tokenizer of another prepared data dir (`--tokenizer_from`): the tokenizer itself, its
-  manifest spec (copied verbatim, so fingerprints match) and the file that holds it, if any."""
+  """The tokenizer of another prepared data dir (`--tokenizer_from`): the tokenizer itself and its
+  manifest spec, both copied verbatim (spec and file), so the fingerprints match."""
 
   def __init__(self, data_dir: str):
     flag = f"--tokenizer_from={data_dir}"
@@ -200,12 +199,9 @@ class _Reused:
     except DataError as e:
       raise DataError(f"{flag}: {e}") from None
     self.data_dir, self.manifest, self.spec = os.path.abspath(data_dir), manifest, json.loads(json.dumps(spec))
-    self.file = spec.get("file") or {"bpe": tok_lib.BpeTokenizer.FILE, "gpt2": tok_lib.Gpt2Tokenizer.FILE}.get(name)
 
   def save(self, out_dir: str) -> None:
-    """Copies the tokenizer file byte for byte: a re-serialised BPE could hash differently."""
-    if self.file:
-      shutil.copyfile(os.path.join(self.data_dir, self.file), os.path.join(out_dir, self.file))
+    datadir.copy_tokenizer(self.data_dir, self.manifest, out_dir)
 
   def fingerprint(self) -> str:
     return datadir.tokenizer_fingerprint(self.data_dir, self.manifest)

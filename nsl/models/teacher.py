@@ -12,9 +12,10 @@ Precomputed (reused across runs):
   python -m nsl.models.teacher precompute --teacher=RUN --data=DIR --out=DIR [--seq_len=N]
       [--top_k=1024] [--temperature=1.5] [--batch_size=16]
 
-writes a data dir whose manifest points at DIR's token shards (absolute paths, nothing copied)
-and adds, per split, `extra_shards` `teacher_idx` (uint16/uint32 [tokens, k]) and `teacher_val`
-(float16 [tokens, k], the top-k τ-softmax probabilities). State row i is the teacher's
+writes a data dir whose manifest points at DIR's token shards (absolute paths; only DIR's
+tokenizer file is copied, so `nsl.evals.nll` sees DIR's tokenizer there) and adds, per split,
+`extra_shards` `teacher_idx` (uint16/uint32 [tokens, k]) and `teacher_val` (float16 [tokens, k],
+the top-k τ-softmax probabilities). State row i is the teacher's
 prediction after token i *within its training window* of seq_len + 1 tokens (the windows of
 nsl.data.pipeline), so the student must use the same `data.seq_len`; the last token of each
 window (never an input) and the tail have zero rows. Train the student with
@@ -188,6 +189,7 @@ def precompute(teacher_dir: str, data_dir: str, out_dir: str, seq_len: int | Non
     new["splits"] = {s: new["splits"][s] for s in splits if s in new["splits"]}
     new["teacher"] = {"run": os.path.abspath(teacher_dir), "top_k": k, "temperature": temperature,
                       "seq_len": seq_len, "source_data": os.path.abspath(data_dir)}
+    datadir.copy_tokenizer(data_dir, manifest, st.path)  # so OUT's tokenizer fingerprint is DIR's
     return st.install(new, force)
 
 
