@@ -1,16 +1,20 @@
 """Config loading, CLI overrides, size ladders and validation.
 
-Configs are Python files with `get_config() -> ml_collections.ConfigDict` (configs-as-code).
-`load_config(path, overrides)` applies `--config.a.b=value` overrides with the type of the
-existing field, and `validate` turns every inconsistent value into a `ConfigError` naming the
-field. Family-specific checks live in each family's `validate`.
+Configs are Python files with `get_config() -> ml_collections.ConfigDict` (configs-as-code), or
+`get_config(arg)` for one file per family (`configs/sps.py:xl`). `load_config("FILE.py[:ARG]",
+overrides)` applies `--config.a.b=value` overrides with the type of the existing field, and
+`validate` turns every inconsistent value into a `ConfigError` naming the field.
+Family-specific checks live in each family's `validate`.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
+import importlib.machinery
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -45,27 +49,113 @@ def apply_size(config: ml_collections.ConfigDict, size: str) -> ml_collections.C
   return config
 
 
-def load_config(path: str, overrides: Iterable[tuple[str, str]] = ()) -> ml_collections.ConfigDict:
-  """Loads `get_config()` from a Python file and applies `field=value` overrides."""
+# Issue #18 folded the per-size config files into one file per family, the size (and variant) its
+# argument. A removed path DIR/NAME.py still names the same experiment: it resolves to
+# DIR/FAMILY.py:NAME (`resolve_config`), and a file that exists on disk always wins. Each family
+# file's ARGS lists exactly these names (tests/test_config_args.py checks both ways).
+FOLDED: dict[str, tuple[str, ...]] = {
+    "sps": tuple(f"{v}_{s}" for v in ("standard", "sps", "twox_memory", "delayed_state", "reverse_sps")
+                 for s in ("tiny", "xs", "s", "m", "l", "xl")),
+    "dd": tuple(f"{a}_{s}" for a in ("dd", "sed", "decoder_only") for s in ("tiny", "6m", "12m", "25m", "50m", "100m")),
+    "lift": ("lift_tiny", "lift_arith", "lift_s5", "lift_rnn_s5", "lift_s5_bounded", "lift_s5_oracle",
+             "standard_s5", "standard_s5_8x", "standard_arith"),
+    "nextlat": ("nextlat_tiny", "nextlat_countdown", "nextlat_path_star", "gpt_countdown", "gpt_path_star",
+                "mtp_tiny", "mtp_path_star"),
+}
+MOVED: dict[str, str] = {name: family for family, names in FOLDED.items() for name in names}
+# nsl's own configs/ (an editable checkout): what `from configs import base` finds in a config file
+# that lives outside a `configs` directory.
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def split_config_arg(spec: str) -> tuple[str, str | None]:
+  """`FILE.py:ARG` -> (FILE.py, ARG) (big_vision's `--config=file.py:arg`); a plain path -> (path, None)."""
+  if os.path.isfile(spec):
+    return spec, None
+  file, sep, arg = spec.partition(".py:")
+  return (file + ".py", arg) if sep else (spec, None)
+
+
+def resolve_config(spec: str) -> tuple[str, str | None]:
+  """(file, argument) of a `--config` value: FILE:ARG split, a removed path of MOVED mapped to
+  its family file in the same directory (`configs/sps_xl.py` -> `configs/sps.py`, `sps_xl`)."""
+  path, arg = split_config_arg(spec)
+  if arg is None and not os.path.isfile(path):
+    name = os.path.basename(path)[:-len(".py")] if path.endswith(".py") else ""
+    folded = os.path.join(os.path.dirname(path), f"{MOVED.get(name)}.py")
+    if name in MOVED and os.path.isfile(folded):
+      return folded, name
+  return path, arg
+
+
+def _canonical_arg(path: str, arg: str, choices: tuple[str, ...]) -> str:
+  """`arg` as one of the file's ARGS; the file's own name may be left off (`sps.py:xl` = `sps_xl`)."""
+  stem = os.path.basename(path)[:-len(".py")]
+  for candidate in (arg, f"{stem}_{arg}"):
+    if candidate in choices:
+      return candidate
+  raise ConfigError(f"config file {path!r} has no argument {arg!r}; choose one of {', '.join(choices)} "
+                    f"(the leading '{stem}_' may be left off)")
+
+
+@contextlib.contextmanager
+def configs_package(path: str):
+  """`configs` importable while the config (or grid) file `path` loads, without a sys.path entry:
+  the `configs` directory holding it (its own or its parent: configs/grids/), a user's copy
+  shadowing nsl's, then nsl's own configs/. The caller's `configs` modules are put back after."""
+  mine = lambda name: name == "configs" or name.startswith("configs.")
+  here = os.path.dirname(os.path.abspath(path))
+  locations = [d for d in (here, os.path.dirname(here)) if os.path.basename(d) == "configs"][:1]
+  if os.path.isdir(CONFIGS_DIR) and not any(os.path.samefile(CONFIGS_DIR, d) for d in locations):
+    locations.append(CONFIGS_DIR)
+  saved = {name: sys.modules.pop(name) for name in list(sys.modules) if mine(name)}
+  spec = importlib.machinery.ModuleSpec("configs", None, is_package=True)
+  spec.submodule_search_locations = locations
+  sys.modules["configs"] = importlib.util.module_from_spec(spec)
+  try:
+    yield
+  finally:
+    for name in [name for name in sys.modules if mine(name)]:
+      del sys.modules[name]
+    sys.modules.update(saved)
+
+
+def _takes_argument(fn) -> bool:
+  try:
+    return bool(inspect.signature(fn).parameters)
+  except (TypeError, ValueError):
+    return False
+
+
+def load_config(spec: str, overrides: Iterable[tuple[str, str]] = ()) -> ml_collections.ConfigDict:
+  """Loads a config file's `get_config()`, or `get_config(ARG)` for `FILE.py:ARG`, and applies
+  `field=value` overrides. A file that takes an argument lists the valid ones in `ARGS`."""
+  path, arg = resolve_config(spec)
   if not os.path.isfile(path):
     raise ConfigError(f"config file {path!r} does not exist")
-  # Config files import shared pieces (`from configs import base`): make the directory that
-  # holds `configs/` importable wherever the command runs from.
-  root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
-  if os.path.basename(os.path.dirname(os.path.abspath(path))) == "configs" and root not in sys.path:
-    sys.path.insert(0, root)
-  spec = importlib.util.spec_from_file_location(f"nsl_config_{abs(hash(path))}", path)
-  module = importlib.util.module_from_spec(spec)
-  try:
-    spec.loader.exec_module(module)
-  except Exception as e:  # a config file is user code: report where it broke
-    raise ConfigError(f"config file {path!r} failed to load: {type(e).__name__}: {e}") from e
-  if not hasattr(module, "get_config"):
-    raise ConfigError(f"config file {path!r} defines no get_config()")
-  try:
-    config = module.get_config()
-  except Exception as e:  # user code again
-    raise ConfigError(f"config file {path!r}: get_config() raised {type(e).__name__}: {e}") from e
+  module_spec = importlib.util.spec_from_file_location(f"nsl_config_{abs(hash(os.path.abspath(path)))}", path)
+  module = importlib.util.module_from_spec(module_spec)
+  with configs_package(path):  # `from configs import base`
+    try:
+      module_spec.loader.exec_module(module)
+    except Exception as e:  # a config file is user code: report where it broke
+      raise ConfigError(f"config file {path!r} failed to load: {type(e).__name__}: {e}") from e
+    if not hasattr(module, "get_config"):
+      raise ConfigError(f"config file {path!r} defines no get_config()")
+    choices = tuple(getattr(module, "ARGS", ()))
+    if arg is None and choices:
+      raise ConfigError(f"config file {path!r} takes an argument: --config={path}:ARG with ARG one of "
+                        f"{', '.join(choices)}")
+    if arg is not None and not _takes_argument(module.get_config):
+      raise ConfigError(f"config file {path!r} takes no argument; drop ':{arg}'")
+    if arg is not None and choices:
+      arg = _canonical_arg(path, arg, choices)
+    try:
+      config = module.get_config() if arg is None else module.get_config(arg)
+    except ConfigError as e:  # already one line saying what is wrong
+      raise ConfigError(f"config file {path!r}: {e}") from e
+    except Exception as e:  # user code again
+      raise ConfigError(f"config file {path!r}: get_config() raised {type(e).__name__}: {e}") from e
   if not isinstance(config, ml_collections.ConfigDict):
     raise ConfigError(f"config file {path!r}: get_config() returned {type(config).__name__}, not an "
                       "ml_collections.ConfigDict; return the config (e.g. start from configs/base.py)")

@@ -1,4 +1,4 @@
-"""The front door: `python -m nsl.launch --config=configs/X.py --workdir=DIR [--config.a.b=v]`.
+"""The front door: `python -m nsl.launch --config=configs/X.py[:ARG] --workdir=DIR [--config.a.b=v]`.
 
 Modes: `train` (default) trains and records the run; `describe` prints one JSON line with the
 parameter counts, FLOPs per token and tokens per step from shapes only.
@@ -20,7 +20,7 @@ from nsl.errors import ArgumentParser, ConfigError, cli_main
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str]]]:
   parser = ArgumentParser(prog="python -m nsl.launch", description=__doc__.split("\n")[0])
-  parser.add_argument("--config", required=True, help="config file with get_config()")
+  parser.add_argument("--config", required=True, help="config file with get_config(), or FILE.py:ARG (configs/sps.py:xl)")
   parser.add_argument("--workdir", help="run directory (required for training)")
   parser.add_argument("--mode", default="train", choices=("train", "describe"))
   parser.add_argument("--restore_from", default=None, help="initialise parameters from another run's workdir")

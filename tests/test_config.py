@@ -12,7 +12,7 @@ from tests.helpers import run_cli
 
 @pytest.mark.parametrize("size", ["xs", "s", "m", "l", "xl"])
 def test_describe_reproduces_the_ladder(size):
-  config = nsl_config.load_config(f"configs/standard_{size}.py")
+  config = nsl_config.load_config(f"configs/sps.py:standard_{size}")
   nsl_config.validate(config)
   d = loop.describe(config)
   want = nsl_config.LADDER_PARAMS[size]
@@ -27,7 +27,7 @@ def test_describe_reproduces_the_ladder(size):
 
 
 def test_describe_cli_prints_one_json_line():
-  out = run_cli("-m", "nsl.launch", "--config=configs/standard_xl.py", "--mode=describe")
+  out = run_cli("-m", "nsl.launch", "--config=configs/sps.py:standard_xl", "--mode=describe")
   assert out.returncode == 0, out.stderr
   lines = out.stdout.strip().splitlines()
   assert len(lines) == 1

@@ -1,4 +1,5 @@
-"""Every config file in configs/ loads and validates: a broken config fails here, not on a pod."""
+"""Every config in configs/ (each file, and each ARG of a file that takes one) loads and
+validates: a broken config fails here, not on a pod."""
 
 import glob
 import os
@@ -8,11 +9,13 @@ import pytest
 from nsl import config as nsl_config
 from tests.helpers import ROOT
 
-CONFIGS = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py"))
-                 if "def get_config" in open(p).read())
+FILES = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py")) if "def get_config" in open(p).read())
+FOLDED = {os.path.join(ROOT, "configs", f"{family}.py"): names for family, names in nsl_config.FOLDED.items()}
+CONFIGS = [f"{p}:{name}" for p in FILES for name in FOLDED.get(p, ())] + [p for p in FILES if p not in FOLDED]
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=[os.path.basename(p)[:-3] for p in CONFIGS])
+@pytest.mark.parametrize("path", CONFIGS, ids=[os.path.basename(p)[:-3] if p.endswith(".py") else
+                                               os.path.basename(p).replace(".py:", ":") for p in CONFIGS])
 def test_config_loads_and_validates(path):
   c = nsl_config.load_config(path)
   nsl_config.validate(c)

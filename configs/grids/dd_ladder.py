@@ -1,7 +1,7 @@
 """The double-decoder paper's grid (REFERENCES §2): widths 6.25M..100M x token budgets
 62.5M..1B x {double decoder, SED, decoder-only}: 5 x 5 x 3 = 75 runs.
 
-Each cell is the family's config file (configs/{dd,sed,decoder_only}_{size}.py: sequence 2048,
+Each cell is the family's config (configs/dd.py:{dd,sed,decoder_only}_{size}: sequence 2048,
 64 sequences = 131,072 tokens per step) with the budget applied as train.steps plus the recipe's
 schedule (5% warmup, linear decay to 10% over all remaining steps) recomputed for that length,
 which a plain "tokens" axis would not do.
@@ -13,7 +13,7 @@ which a plain "tokens" axis would not do.
 SIZES = ("6m", "12m", "25m", "50m", "100m")
 ARCHS = ("dd", "sed", "decoder_only")
 BUDGETS = (62.5e6, 125e6, 250e6, 500e6, 1e9)
-TOKENS_PER_STEP = 2048 * 64  # configs/dd_recipe.py SEQ_LEN x BATCH
+TOKENS_PER_STEP = 2048 * 64  # configs/dd.py SEQ_LEN x BATCH
 
 
 def _label(tokens: float) -> str:
@@ -28,5 +28,5 @@ def budget(tokens: float) -> dict:
 
 
 def get_grid():
-  return {"axes": {"config": [f"configs/{a}_{s}.py" for s in SIZES for a in ARCHS],
+  return {"axes": {"config": [f"configs/dd.py:{a}_{s}" for s in SIZES for a in ARCHS],
                    "budget": [budget(t) for t in BUDGETS]}}

@@ -1,6 +1,6 @@
 """The CPU-scale SPS study (REFERENCES §1, issue #14): the paper's variants at two widths, 3 seeds.
 
-Every cell is configs/sps_tiny.py's setting (`sps_tiny.variant_config`: 4 layers, SOTU BPE-4096,
+Every cell is configs/sps.py:sps_tiny's setting (`sps.variant_config`: 4 layers, SOTU BPE-4096,
 128-token sequences, 16 per step, lr 3e-3, SwiGLU 3d, vocab 4160 for the tied <predict> row) at
 d = 64 (2 heads) or d = 128 (4 heads), trained 400 steps (819k tokens) with the WSD schedule
 warming up 20 steps and decaying over the last 60. Validation NLL every 50 steps (16 batches)
@@ -29,7 +29,7 @@ def _width(d: int) -> dict:
 def _variant(name: str, window) -> dict:
   fields = {"_label": name if window in (None, 16) else f"{name}_w{window}",
             "model.variant": name, "model.window": window}
-  if name == "standard":  # the plain transformer of the same trunk (configs/standard_tiny.py)
+  if name == "standard":  # the plain transformer of the same trunk (configs/sps.py:standard_tiny)
     fields["family"] = "standard"
   return fields
 
@@ -43,6 +43,6 @@ def get_grid():
             _variant("twox_memory", None)]
     large_only = [_variant("reverse_sps", 16), _variant("sps", 0), _variant("sps", 64)]
     for width, variants in ((64, both), (128, both + large_only)):
-      grids.append({"base": "configs/sps_tiny.py", "overrides": common,
+      grids.append({"base": "configs/sps.py:sps_tiny", "overrides": common,
                     "axes": {"seed": [seed], "size": [_width(width)], "arm": variants}})
   return grids

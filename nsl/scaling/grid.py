@@ -13,7 +13,7 @@ A grid file defines `get_grid()` returning a dict, or a list of dicts whose cell
      "family": ["standard", "sps"],           # any config field, dotted: "model.window", "seed"
      "size": ["xs", "s"],                     # a ladder size (nsl.config.SIZES) or a dict of fields
      "tokens": [1e6, 4e6],                    # train.steps = round(tokens / (batch_size * seq_len))
-     "config": ["configs/a.py", ...],         # replaces "base" for the cell
+     "config": ["configs/a.py", "configs/sps.py:sps_xl", ...],  # replaces "base"; labelled sps_xl
      "arm": [{"_label": "sps", "family": "sps", "model.variant": "sps"}, ...]}}  # several fields
 
 A dict value sets all its fields (its optional "_label" names it in run ids and tables); "size"
@@ -56,9 +56,11 @@ def load_grid_file(path: str) -> list[dict]:
     raise ConfigError(f"--grid={path}: no such grid file")
   spec = importlib.util.spec_from_file_location(f"nsl_grid_{abs(hash(os.path.abspath(path)))}", path)
   module = importlib.util.module_from_spec(spec)
+  from nsl import config as nsl_config
   try:
-    spec.loader.exec_module(module)
-    grid = module.get_grid()
+    with nsl_config.configs_package(path):  # `from configs import dd` (no sys.path entry)
+      spec.loader.exec_module(module)
+      grid = module.get_grid()
   except AttributeError as e:
     raise ConfigError(f"grid file {path} must define get_grid(): {e}") from e
   except Exception as e:  # a grid file is user code: say where it broke
@@ -79,8 +81,12 @@ def load_grid_file(path: str) -> list[dict]:
   return subgrids
 
 
-def resolve_config_path(path: str, grid_path: str | None = None) -> str:
-  """A config path as given, else relative to the grid file's repo, else to nsl's repo."""
+def resolve_config_path(spec: str, grid_path: str | None = None) -> str:
+  """A config path (`FILE.py[:ARG]`) as given, else relative to the grid file's repo, else to
+  nsl's repo; absolute, its argument kept, a removed path as its family file's (nsl.config.MOVED)."""
+  from nsl import config as nsl_config
+
+  path, arg = nsl_config.split_config_arg(spec)
   candidates = [Path(path)]
   if grid_path and not os.path.isabs(path):
     grid_dir = Path(grid_path).resolve().parent
@@ -88,8 +94,10 @@ def resolve_config_path(path: str, grid_path: str | None = None) -> str:
   if not os.path.isabs(path):
     candidates.append(REPO_ROOT / path)
   for c in candidates:
-    if c.is_file():
-      return str(c.resolve())
+    file, moved_arg = (str(c), arg) if c.is_file() or arg is not None else nsl_config.resolve_config(str(c))
+    if os.path.isfile(file):
+      arg = arg if arg is not None else moved_arg
+      return str(Path(file).resolve()) + (f":{arg}" if arg is not None else "")
   raise ConfigError(f"config file {path!r} (named in grid {grid_path}) does not exist")
 
 
@@ -120,7 +128,8 @@ def _assign(name: str, value: Any, index: int, acc: dict) -> str:
     return str(value.get("_label", f"{name.split('.')[-1]}{index}"))
   if name == "config":
     acc["config"] = str(value)
-    return Path(str(value)).stem
+    file, sep, arg = str(value).partition(".py:")  # FILE.py:ARG is labelled ARG
+    return arg if sep else Path(file).stem
   if name == "size":
     if str(value) not in nsl_config.SIZES:
       raise ConfigError(f"grid size {value!r} is not a ladder size {sorted(nsl_config.SIZES)}; "

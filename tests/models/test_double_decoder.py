@@ -191,7 +191,7 @@ def test_flops_count_visible_pairs(family_params):
 # --------------------------------------------------------------------------- configs and training
 
 
-DD_CONFIGS = [f"configs/{a}_{s}.py" for a in ("dd", "sed", "decoder_only")
+DD_CONFIGS = [f"configs/dd.py:{a}_{s}" for a in ("dd", "sed", "decoder_only")
               for s in ("6m", "12m", "25m", "50m", "100m", "tiny")]
 
 

@@ -113,11 +113,11 @@ def test_validation_of_mup_base_width():
     c = _config("double_decoder", 128, False, base_width=bad, check=False)
     with pytest.raises(ConfigError, match="mup_base_width"):
       nsl_config.validate(c)
-  c = nsl_config.load_config("configs/sps_tiny.py")
+  c = nsl_config.load_config("configs/sps.py:sps_tiny")
   c.model.mup_base_width = 64
   with pytest.raises(ConfigError, match="implemented for the families"):
     nsl_config.validate(c)
-  nsl_config.validate(nsl_config.load_config("configs/sps_tiny.py"))  # absent = off
+  nsl_config.validate(nsl_config.load_config("configs/sps.py:sps_tiny"))  # absent = off
 
 
 @pytest.mark.parametrize("family,kw", [("double_decoder", {}), ("double_decoder", {"dd_cross_kv": "separate"}),
@@ -204,14 +204,14 @@ def test_mup_attention_scores_are_q_dot_k_over_d_head():
 
 @pytest.mark.parametrize("arch", ["dd", "sed", "decoder_only"])
 def test_dd_configs_train_with_mup_at_base_width_64_and_the_papers_base_lrs(arch):
-  from configs import dd_recipe
+  from configs import dd
 
   for size in ("6m", "100m", "tiny"):
-    c = nsl_config.load_config(f"configs/{arch}_{size}.py")
+    c = nsl_config.load_config(f"configs/dd.py:{arch}_{size}")
     nsl_config.validate(c)
     assert c.model.mup_base_width == 64
     assert mup.width_mult(c) == c.model.d_model / 64
-    assert c.train.lr == {"dd": 0.01, "sed": 0.004, "decoder_only": 0.01}[arch] == dd_recipe.LR[arch]
+    assert c.train.lr == {"dd": 0.01, "sed": 0.004, "decoder_only": 0.01}[arch] == dd.LR[arch]
 
 
 def test_dd_cached_generation_under_mup_equals_recomputation():

@@ -8,14 +8,14 @@ import numpy as np
 import optax
 import pytest
 
-from configs import mtp_tiny, nextlat_tiny
+from configs import nextlat as nextlat_configs
 from nsl.models import nextlat, registry
 
 V, T, D, HORIZON, ANS = 32, 10, 16, 3, 7
 
 
 def _config(family="nextlat"):
-  c = (nextlat_tiny if family == "nextlat" else mtp_tiny).get_config()
+  c = nextlat_configs.get_config(f"{family}_tiny")
   c.model.vocab_size, c.model.d_model, c.model.n_layers, c.model.n_heads, c.model.d_ff = V, D, 1, 2, 32
   c.data.seq_len = T
   c.data.answer_token = ANS

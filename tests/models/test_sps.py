@@ -1,6 +1,5 @@
 """SPS family: the mask against REFERENCES §1 read pair by pair, layouts, read-out, FLOPs, configs."""
 
-import glob
 import os
 
 import flax.linen as nn
@@ -214,7 +213,7 @@ def test_predict_token_id_defaults_past_the_tokenizer():
   c.model.predict_token_id = 4159
   assert sps.predict_token_id_of(c) == 4159
   nsl_config.validate(c)
-  c = nsl_config.load_config(os.path.join(ROOT, "configs/sps_xs.py"))  # GPT-2: the authors' id
+  c = nsl_config.load_config(os.path.join(ROOT, "configs/sps.py:sps_xs"))  # GPT-2: the authors' id
   assert sps.predict_token_id_of(c) == 50257 and registry.get_family(c).predict_token_id == 50257
   std = registry.get_family(_config("standard", None, **{"model.vocab_size": 257}))
   assert std.predict_token_id is None  # the standard variant has no ρ and needs no free row
@@ -295,17 +294,16 @@ def test_bad_layout_and_default_layout():
 # ----------------------------------------------------------------------------- configs
 
 
-SPS_CONFIGS = sorted(os.path.relpath(p, ROOT) for pattern in ("sps", "twox_memory", "delayed_state", "reverse_sps")
-                     for p in glob.glob(os.path.join(ROOT, "configs", f"{pattern}_*.py")))
+SPS_CONFIGS = [f"configs/sps.py:{name}" for name in nsl_config.FOLDED["sps"] if not name.startswith("standard_")]
 
 
-@pytest.mark.parametrize("path", SPS_CONFIGS + ["configs/standard_tiny.py"])
+@pytest.mark.parametrize("path", SPS_CONFIGS + ["configs/sps.py:standard_tiny"])
 def test_describe_every_config(path):
   config = nsl_config.load_config(os.path.join(ROOT, path))
   nsl_config.validate(config)
   d = loop.describe(config)
   assert d["params_total"] == d["params_embedding"] + d["params_non_embedding"] > 0
-  size = os.path.basename(path)[:-3].rsplit("_", 1)[1]
+  size = path.rsplit("_", 1)[1]
   if size in nsl_config.LADDER_PARAMS:
     want = nsl_config.LADDER_PARAMS[size]
     assert abs(d["params_total"] - want) / want < 0.01
@@ -323,7 +321,7 @@ def test_window_grid_covers_the_ablation():
   windowed, standard = mod.get_grid()
   assert windowed["axes"]["model.window"] == [0, 16, 64, 256]
   assert windowed["axes"]["model.variant"] == ["sps", "delayed_state", "reverse_sps"]
-  assert standard["axes"] == {"config": ["configs/standard_s.py"]}
+  assert standard["axes"] == {"config": ["configs/sps.py:standard_s"]}
   base = nsl_config.load_config(os.path.join(ROOT, windowed["base"]))
   assert base.family == "sps" and base.model.n_layers == 12
   for variant in windowed["axes"]["model.variant"]:

@@ -14,17 +14,17 @@ def _dry(script, *args, **env):
 
 
 def test_tpu_pod_runs_the_launcher_on_every_worker():
-  out = _dry("tpu_pod.sh", "configs/standard_xl.py", "/mnt/runs/xl", "--config.train.steps=10",
+  out = _dry("tpu_pod.sh", "configs/sps.py:standard_xl", "/mnt/runs/xl", "--config.train.steps=10",
              TPU_NAME="pod", ZONE="us-east5-a")
   assert "tpu-vm ssh pod" in out and "--worker=all" in out and "--zone=us-east5-a" in out
   assert "nsl.launch" in out and "--distributed=auto" in out and "--config.train.steps=10" in out
 
 
 def test_gpu_slurm_script_passes_the_process_layout():
-  out = _dry("gpu_slurm.sh", "2", "configs/standard_xl.py", "/shared/xl", GPUS_PER_NODE="4")
+  out = _dry("gpu_slurm.sh", "2", "configs/sps.py:standard_xl", "/shared/xl", GPUS_PER_NODE="4")
   assert "#SBATCH --nodes=2" in out and "#SBATCH --gpus-per-node=4" in out
   assert "--num_processes=$SLURM_NTASKS --process_id=$SLURM_PROCID" in out
-  assert "--coordinator_address=" in out and "nsl.launch --config=configs/standard_xl.py" in out
+  assert "--coordinator_address=" in out and "nsl.launch --config=configs/sps.py:standard_xl" in out
 
 
 def test_scripts_reject_missing_arguments():

@@ -1,7 +1,10 @@
-"""Shared builder of the double-decoder paper's configs (REFERENCES §2) for the three families:
-`dd` (family double_decoder), `sed` (family sed) and `decoder_only` (family standard with both
-stacks' layers in one causal stack). Imported by configs/{dd,sed,decoder_only}_{size}.py and
-configs/{dd,sed,decoder_only}_tiny.py; defines no get_config() itself.
+"""The double-decoder paper's configs (REFERENCES §2): `--config=configs/dd.py:ARCH_SIZE`.
+
+ARCH (the leading `dd_` may be left off: `configs/dd.py:6m` is `dd_6m`): `dd` (family
+double_decoder), `sed` (family sed) or `decoder_only` (family standard with both stacks' layers
+in one causal stack). SIZE: `6m 12m 25m 50m 100m` (the paper's recipe, `paper`) or `tiny` (CPU,
+`tiny`). These replace configs/{dd,sed,decoder_only}_{size}.py and configs/dd_recipe.py; the old
+config paths still resolve here (nsl.config.MOVED).
 
 Paper recipe: widths 6.25M=192, 12.5M=256, 25M=448, 50M=576, 100M=832; heads d/64; 10+5 layers
 (6m, 12m) else 8+4 (context:generation = 2:1); sequence 2048; AdamW (0.9, 0.95) eps 1e-8; 5%
@@ -33,6 +36,8 @@ VARIANT = {"dd": "random_uniform", "sed": "sed", "decoder_only": "standard"}
 SEQ_LEN, BATCH, TOKENS = 2048, 64, 500e6
 MUP_BASE_WIDTH = 64  # the paper's μP base width (REFERENCES §2)
 SENTINELS = 100
+ARCHS = ("dd", "sed", "decoder_only")
+ARGS = tuple(f"{a}_{s}" for a in ARCHS for s in ("tiny", *SIZES))
 
 
 def swiglu_hidden(d: int) -> int:
@@ -94,9 +99,9 @@ def tiny(arch: str):
   """CPU-sized: d 128, 2+1 layers, 128 tokens, 16 sequences, on the embedded SOTU corpus (BPE
   4096; SED pads the vocabulary by its 100 sentinels). 200 steps: warmup 10, constant, decay over
   the last 50 (so short runs such as --config.train.steps=60 stay valid). μP at base width 64
-  (m = 2) with the paper's base LRs, like the full-size configs. On dd_tiny for 100 steps that is
-  val NLL 6.41 (the 3e-3 these configs used before, under μP: 6.48), against 5.87 for standard
-  parametrisation at 3e-3 (`--config.model.mup_base_width=0 --config.train.lr=3e-3`, the old
+  (m = 2) with the paper's base LRs, like the full-size configs. On dd_tiny (`dd.py:tiny`) for
+  100 steps that is val NLL 6.41 (the 3e-3 these configs used before, under μP: 6.48), against
+  5.87 for standard parametrisation at 3e-3 (`--config.model.mup_base_width=0 --config.train.lr=3e-3`, the old
   tiny): μP at the base LR is slower early at this scale."""
   c = base.get_config()
   c.model.d_model = 128
@@ -111,3 +116,8 @@ def tiny(arch: str):
   _family_fields(c, arch, 1)
   c.train.steps, c.train.warmup_steps, c.train.decay_steps = 200, 10, 50  # fits --config.train.steps=60
   return c
+
+
+def get_config(arg: str):
+  arch, size = arg.rsplit("_", 1)
+  return tiny(arch) if size == "tiny" else paper(arch, size)

@@ -1,7 +1,0 @@
-"""sed at the double-decoder paper's 50m width with its recipe (configs/dd_recipe.py, REFERENCES §2)."""
-
-from configs import dd_recipe
-
-
-def get_config():
-  return dd_recipe.paper("sed", "50m")

@@ -1,7 +1,0 @@
-"""Standard transformer, size M of the SPS ladder, with the paper's recipe (REFERENCES §1)."""
-
-from configs import base
-
-
-def get_config():
-  return base.paper_recipe(base.get_config(), "m")
