@@ -3,8 +3,7 @@
 `load_run(WORKDIR)` reads `WORKDIR/config.json` (written by the trainer), builds the family from
 the registry and restores the parameters of the latest complete Orbax checkpoint under
 `WORKDIR/checkpoints` onto this process's first device. `eval_batches` gives the run's
-validation windows; `token_nll` the per-target NLL of any family whose model maps
-(tokens, segment) to next-token logits.
+validation windows; `token_nll` the per-target NLL of any family (`Family.token_logits`).
 """
 
 from __future__ import annotations
@@ -79,30 +78,13 @@ def eval_batches(config, batch_size: int, max_batches: int | None = None, split:
                                     max_batches=max_batches)
 
 
-def token_logits(family, params, batch: dict[str, Any], model=None):
-  """Next-token logits [B, T, V] aligned with `layers.next_token_targets(batch)`."""
-  from nsl.models import layers
-
-  if hasattr(family, "token_logits"):
-    return family.token_logits(params, batch, model)
-  inputs, _, seg_in, _ = layers.next_token_targets(batch)
-  return (model or family.model).apply({"params": params}, inputs, seg_in)
-
-
-def token_nll(family, params, batch: dict[str, Any], model=None):
-  """(nll [B, T], weights [B, T]): per-target negative log-likelihood and whether it counts."""
+def token_nll(family, params, batch: dict[str, Any], model=None, **feed):
+  """(nll [B, T], weights [B, T]): per-target negative log-likelihood of `family.token_logits`
+  (under `model`, e.g. `family.with_rule(...)`, and the family's `feed` options) and whether the
+  target counts."""
   from nsl.models import layers
 
   _, targets, _, weights = layers.next_token_targets(batch)
-  logits = token_logits(family, params, batch, model)
+  logits = family.token_logits(params, batch, model=model, **feed)
   nll = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
   return nll * weights, weights
-
-
-def with_rule(family, rule):
-  """The family's model under another `masks.Rule` (same parameter tree)."""
-  if hasattr(family, "with_rule"):
-    return family.with_rule(rule)
-  if not hasattr(family.model, "rule"):
-    raise NslError(f"family {family.name!r} has no single attention rule to replace")
-  return family.model.clone(rule=rule)

@@ -11,9 +11,11 @@ Each run is an nsl run dir trained on an S5 or arithmetic task dir (`nsl.data.ta
 - Arithmetic: for each m = 2..10 (default lengths), the fraction of held-out problems whose every
   answer token (and its EOS) is the argmax prediction under teacher forcing, which equals greedy
   exact match of the answer.
-Standard (and any non-LIFT) models run the sequence in parallel; LIFT-family models feed back
-their own states token by token with the KV cache (`LiftFamily.feedback_logits`; `--feed=bias`
-switches the channel off). Prints a table (rows N or m, one column per run), writes
+Every model is scored by its family's `token_logits` (`nsl.models.family.Family`): most run
+the sequence in parallel; LIFT-family models (a state channel, `Family.feeds`) feed back the
+states they use at inference token by token with the KV cache (`LiftFamily.token_logits`;
+`--feed=bias` switches the channel off; families without a channel ignore `--feed`). Prints a
+table (rows N or m, one column per run), writes
 `length_generalization.json` and `length_generalization.png` to --out (default: the first run's
 parent directory), and records `length_generalization` (`length_generalization_feed_bias` with
 `--feed=bias`) in each run's result.json.
@@ -78,11 +80,13 @@ def accuracy_by_length(family, params, heldout: dict, lengths: list[int], per_le
   import jax
   import jax.numpy as jnp
 
-  is_lift = getattr(family, "name", "") == "lift"
-  if is_lift:
-    fwd = jax.jit(lambda p, t: family.feedback_logits(p, t, feed=feed))
-  else:
-    fwd = jax.jit(lambda p, t: family.model.apply({"params": p}, t, jnp.ones_like(t)))
+  options = {"feed": feed} if feed in family.feeds else {}
+
+  def logits(p, t_BN):  # one document per row; the appended column is a target no row reads
+    tokens = jnp.concatenate([t_BN, jnp.zeros_like(t_BN[:, :1])], axis=1)
+    return family.token_logits(p, {"tokens": tokens, "segment": jnp.ones_like(tokens)}, **options)
+
+  fwd = jax.jit(logits)
   # Causal models: the prediction at position N depends only on tokens <= N, so each S5 length
   # is padded to the next multiple of 16 and read at its own last position: a few compiled
   # shapes, and a LIFT model's sequential feedback runs ~N steps, not max(N).

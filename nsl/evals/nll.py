@@ -17,7 +17,8 @@ NLL is summed over the weighted targets of the family's own loss and divided by 
 Results merge into RUN/result.json (`eval`, and `eval_details` with what was measured how),
 written atomically, and print as one JSON object.
 
-LIFT-family runs (`--feed`, `LiftFamily.token_logits`): `own` (default, the paper's metric) feeds
+Runs whose family has a state channel (`Family.feeds`: LIFT; `--feed`, `LiftFamily.token_logits`):
+`own` (default, the paper's metric) feeds
 back the model's own states token by token with its KV cache, document by document, as at
 inference (lift_no_states: b, the states it is used with; distill has no channel); `teacher`
 feeds the teacher's states in parallel (the training phase); `bias` feeds b everywhere. `own`
@@ -123,19 +124,23 @@ def tokenizer_fingerprint(data_dir: str, manifest: dict) -> str:
 def evaluate(family, params, config, data_dir: str, split: str, batch_size: int,
              max_batches: int | None, feed: str | None = None) -> dict:
   """{"nll", "tokens", "batches"}: mean NLL per target over the split's evaluation batches
-  (`feed`: a LIFT state feed; None = the trainer's eval step)."""
+  (`feed`: one of `family.feeds`, scored with `family.token_logits(..., feed=feed)`; None = the
+  trainer's eval step)."""
   import flax.linen as nn
   import jax
 
   from nsl import sharding
   from nsl.data import pipeline
+  from nsl.evals import common
   from nsl.train import step as train_step_lib
 
   batches = pipeline.make_eval_batches(data_dir, split, seq_len=int(config.data.seq_len), batch_size=batch_size,
                                        max_batches=max_batches)
   mesh, rules = mesh_of(params), sharding.rules(config)
   if feed is not None:
-    step_fn = lambda p, b: family.eval_nll(p, b, feed)
+    def step_fn(p, b):
+      nll, w = common.token_nll(family, p, b, feed=feed)
+      return nll.sum(), w.sum()
   else:
     step_fn = train_step_lib.make_eval_step(family)
 
@@ -207,10 +212,9 @@ def main(argv: list[str] | None = None) -> int:
   for _, path in sets:
     load_manifest(path)  # a missing or broken data dir fails before the model loads
   config, family, params = _load_run(args.workdir)
-  lift_run = callable(getattr(family, "eval_nll", None)) and getattr(family, "name", "") == "lift"
-  if not lift_run and args.feed not in (None, "own"):
+  if args.feed not in (None, "own") and args.feed not in family.feeds:
     raise NslError(f"--feed={args.feed}: {config.family!r} runs have no state channel (only LIFT-family runs)")
-  feed = (args.feed or "own") if lift_run else None
+  feed = (args.feed or "own") if family.feeds else None
   own_dir = run_data_dir(config)
   own = tokenizer_fingerprint(own_dir, load_manifest(own_dir))
   batch_size = args.batch_size or int(config.train.batch_size) // int(config.train.grad_accum)

@@ -47,7 +47,7 @@ def run(workdir: str, omega: int = 64, docs: int = 8000, batch_size: int = 8) ->
   config, family, params = common.load_run(workdir)
   base_rule = family.rule
   probe_rule = dataclasses.replace(base_rule, persistent_window=omega)
-  probe_model = common.with_rule(family, probe_rule)
+  probe_model = family.with_rule(probe_rule)
 
   @jax.jit
   def both(batch):

@@ -14,10 +14,9 @@ model the way lm-evaluation-harness does:
     attends to) and batched `--batch_size` rows at a time, longest first;
   - result: the summed log-probability of the continuation tokens and whether each one is the
     argmax (greedy).
-The forward pass is generic over families: `family.logits(params, tokens_BT, segment_BT)` when
-the family defines it, else `family.token_logits(params, batch)` (a batch of seq_len + 1 tokens,
-logits aligned with its inputs), else `family.model.apply({"params": params}, tokens_BT,
-segment_BT)`; each must return next-token logits [B, T, V].
+The forward pass is the family's `token_logits(params, batch)` (`nsl.models.family.Family`: a
+batch of seq_len + 1 tokens, next-token logits [B, T, V] aligned with its inputs; a LIFT run is
+fed the states it uses at inference).
 Scores merge into RUN/result.json under `zeroshot` (atomically) and print as one JSON object.
 """
 
@@ -47,12 +46,8 @@ def encode_pair(tokenizer, context: str, continuation: str, eos_id: int) -> tupl
 
 
 def forward_fn(family):
-  """(params, tokens [B, T+1], segment [B, T+1]) -> next-token logits [B, T, V]: the family's hook."""
-  if callable(getattr(family, "logits", None)):
-    return lambda p, tok, seg: family.logits(p, tok[:, :-1], seg[:, :-1])
-  if callable(getattr(family, "token_logits", None)):
-    return lambda p, tok, seg: family.token_logits(p, {"tokens": tok, "segment": seg})
-  return lambda p, tok, seg: family.model.apply({"params": p}, tok[:, :-1], seg[:, :-1])
+  """(params, tokens [B, T+1], segment [B, T+1]) -> next-token logits [B, T, V]: `Family.token_logits`."""
+  return lambda p, tok, seg: family.token_logits(p, {"tokens": tok, "segment": seg})
 
 
 def make_loglik(family, params, config, tokenizer, eos_id: int, batch_size: int = 16):
@@ -75,8 +70,8 @@ def make_loglik(family, params, config, tokenizer, eos_id: int, batch_size: int 
     with nn.logical_axis_rules(rules):
       logits = forward(p, tok_BT1, seg_BT1)
     if logits.ndim != 3 or logits.shape[:2] != (tok_BT1.shape[0], seq_len):
-      raise NslError(f"family {config.family!r} returned logits of shape {logits.shape}; define "
-                     "Family.logits(params, tokens_BT, segment_BT) -> [B, T, V]")
+      raise NslError(f"family {config.family!r} returned logits of shape {logits.shape}; its "
+                     "Family.token_logits(params, batch) must return [B, T, V]")
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     targets = tok_BT1[:, 1:]
     lp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]

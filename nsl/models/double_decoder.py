@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from nsl import attention, masks
-from nsl.errors import ConfigError
+from nsl.errors import ConfigError, NslError
 from nsl.models import layers
 from nsl.models.family import Family, train_flops_per_token
 
@@ -297,10 +297,33 @@ class DoubleDecoderFamily(Family):
   def blocks(self, rng, seq_len: int | None = None):
     return sample_blocks(rng, seq_len or self.seq_len, self.config.model.variant)
 
+  def loss_blocks(self, rng, seq_len: int):
+    """The block ids [1, T] the loss draws from its step rng."""
+    return self.blocks(jax.random.fold_in(rng, 0x0DD), seq_len)
+
+  @property
+  def rule(self) -> masks.Rule:
+    """The context decoder's rule (the generation decoder's are SELF_RULE and CROSS_RULE)."""
+    return CONTEXT_RULE
+
+  def with_rule(self, rule: masks.Rule):
+    raise NslError("family 'double_decoder' has three fixed attention rules (context, self, cross), no single "
+                   "rule to replace; run this probe on a standard or SPS run")
+
+  def token_logits(self, params, batch, *, model=None, block_BT=None):
+    """The generation decoder's next-token logits [B, T, V] (`Family.token_logits`) under block
+    ids `block_BT` [1 or B, T]; default the blocks of the trainer's eval step (the loss at rng
+    PRNGKey(0)), so the NLL of these logits is `eval_val_nll`. Both decoders are causal, so row t
+    sees inputs <= t for any blocks."""
+    inputs, seg_in, _ = self.model_inputs(batch)
+    if block_BT is None:
+      block_BT = self.loss_blocks(jax.random.PRNGKey(0), inputs.shape[1])
+    return (model or self.model).apply({"params": params}, inputs, seg_in, block_BT)
+
   def loss(self, params, batch, rng, step):
-    inputs, targets, seg_in, weights = layers.next_token_targets(batch)
-    block = self.blocks(jax.random.fold_in(rng, 0x0DD), inputs.shape[1])
-    logits = self.model.apply({"params": params}, inputs, seg_in, block)
+    _, targets, _, weights = layers.next_token_targets(batch)
+    block = self.loss_blocks(rng, targets.shape[1])
+    logits = self.token_logits(params, batch, block_BT=block)
     loss, weight = layers.masked_cross_entropy(logits, targets, weights)
     return loss, {"weight": weight, "blocks": jnp.max(block).astype(jnp.float32) + 1.0}
 

@@ -2,7 +2,9 @@
 
 A family is everything that makes an architecture differ from the standard transformer and
 nothing else (DESIGN "Families share one trunk"). The trainer only calls `init`, `loss`,
-`dummy_batch`, `param_counts` and `flops_per_token`; it knows nothing about any family.
+`eval_nll`, `dummy_batch`, `param_counts` and `flops_per_token`; it knows nothing about any
+family. The evaluations (nsl/evals, the LIFT teacher) read a run only through `token_logits`,
+`feeds`, `rule`, `layout` and `with_rule`, declared here, so no caller asks what a family is.
 """
 
 from __future__ import annotations
@@ -14,17 +16,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from nsl import masks
 from nsl.errors import ConfigError
 from nsl.models.layers import Dims
 
 
 class Family:
-  """Base class; subclasses set `name`, `variants`, and implement `make_model` and `loss`."""
+  """Base class; subclasses set `name`, `variants`, and implement `make_model`, `model_inputs`,
+  `loss`, `flops_per_token`, `rule` and `token_logits`."""
 
   name: str = ""
   variants: tuple[str, ...] = ()
   # Parameter names (last path component) counted as embedding parameters.
   embedding_params: tuple[str, ...] = ("embedding",)
+  # The state feeds `token_logits(..., feed=F)` accepts (LIFT: own, teacher, bias). Empty: the
+  # family has no state channel and `token_logits` takes no `feed` (its one forward is "own").
+  feeds: tuple[str, ...] = ()
+  # Suffix of the trainer's eval key (`eval_val_nll<suffix>`, result.json eval["val<suffix>"]):
+  # empty when `eval_nll` is the plain next-token NLL (LIFT: `_feed_<feed>` for another feed).
+  eval_suffix: str = ""
 
   def __init__(self, config):
     self.config = config
@@ -33,6 +43,8 @@ class Family:
 
   @classmethod
   def validate(cls, config) -> None:
+    """Checks `config.model.variant`. A subclass checks its own options and calls
+    `super().validate(config)` first, so each class's checks run exactly once."""
     if cls.variants and config.model.variant not in cls.variants:
       raise ConfigError(f"config.model.variant={config.model.variant!r} is not a variant of family "
                         f"{cls.name!r}; choose one of {cls.variants}")
@@ -52,7 +64,48 @@ class Family:
   def flops_per_token(self) -> float:
     raise NotImplementedError
 
+  @property
+  def rule(self) -> masks.Rule:
+    """The `masks.Rule` of the family's main attention (the trunk's; the context decoder's for
+    the double decoder, the decoder's self attention for SED): what a probe such as
+    `nsl.evals.persistent_window` starts from."""
+    raise NotImplementedError
+
+  def token_logits(self, params, batch: dict[str, Any], *, model: nn.Module | None = None,
+                   **feed) -> jax.Array:
+    """Next-token logits [B, T, V] at every input token of a batch of `seq_len + 1` tokens,
+    aligned with `layers.next_token_targets(batch)`: row t predicts target t from inputs <= t
+    (never later ones), whatever the family's layout. Packed rows are scored document by
+    document. `model` is the family's model under another rule (`with_rule`), same parameters.
+
+    Each family reads them where its own loss does: the standard trunk at every token, SPS at
+    the read-out slots of its variant, NextLat/MTP from the next-token head, the double decoder
+    from its generation decoder (under given or the eval step's blocks), SED from its decoder
+    with the whole document as one masked span, LIFT under a state feed (`feeds`, default the
+    one it uses at inference). `feed` holds these family-specific options."""
+    raise NotImplementedError
+
+  def eval_nll(self, params, batch: dict[str, Any]) -> tuple[jax.Array, jax.Array]:
+    """(sum of per-target NLL, number of targets): the trainer's eval step.
+
+    The NLL is the loss's next-token cross-entropy: a family whose loss adds auxiliary terms
+    (NextLat's latent losses, MTP's extra heads) reports it as metric `ce`, and that, not the
+    total, is summed, so `eval_val_nll` compares across families. The loss runs with rng
+    PRNGKey(0) at step 0 (the double decoder's blocks, SED's spans are drawn from it)."""
+    loss, metrics = self.loss(params, batch, jax.random.PRNGKey(0), jnp.zeros((), jnp.int32))
+    return metrics.get("ce", loss) * metrics["weight"], metrics["weight"]
+
   # -- shared -----------------------------------------------------------------------------------
+  def layout(self, num_tokens: int) -> masks.Layout:
+    """Per-slot metadata (pos, tok, kind) of the main attention's slots for `num_tokens` tokens,
+    in physical order: one persistent slot per token (SPS: two per token, its `layout`)."""
+    return masks.Layout.causal(num_tokens)
+
+  def with_rule(self, rule: masks.Rule) -> nn.Module:
+    """The family's model (same parameter tree) with its main attention under another rule,
+    e.g. a persistent-key window; pass it to `token_logits(..., model=...)`."""
+    return self.model.clone(rule=rule)
+
   @property
   def seq_len(self) -> int:
     return int(self.config.data.seq_len)

@@ -346,6 +346,7 @@ class LiftFamily(Family):
 
   name = "lift"
   variants = VARIANTS
+  feeds = EVAL_FEEDS
 
   def __init__(self, config):
     self.spec = LiftSpec.from_config(config)
@@ -527,7 +528,7 @@ class LiftFamily(Family):
     lift_no_states (the ablation is trained and used with the channel off); nothing for distill."""
     return {"lift_no_states": "bias", "distill": "none"}.get(self.spec.variant, "own")
 
-  def token_logits(self, params, batch, model=None, feed: str = "own"):
+  def token_logits(self, params, batch, *, model=None, feed: str = "own"):
     """Next-token logits [B, T, V] aligned with `layers.next_token_targets(batch)`, packed rows
     document by document, under a state feed (EVAL_FEEDS):
       own      the states the run feeds itself at inference (`inference_feed`): for lift and

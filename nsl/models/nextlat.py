@@ -229,7 +229,34 @@ class LatentLM(nn.Module):
     return total, metrics
 
 
-class NextLatFamily(Family):
+class LatentFamily(Family):
+  """What NextLat and MTP share: the standard trunk and rule, prompt masking, and next-token
+  logits read from the plain tied head (head 1; the dynamics model and extra heads only train)."""
+
+  @property
+  def variant(self) -> str:
+    return self.config.model.variant
+
+  @property
+  def rule(self) -> masks.Rule:
+    return standard_rule(self.config.model.window)
+
+  @property
+  def answer_token(self) -> int:
+    return int(self.config.data.get("answer_token", -1))
+
+  def model_inputs(self, batch):
+    inputs, _, seg_in, _ = layers.next_token_targets(batch)
+    return inputs, seg_in
+
+  def token_logits(self, params, batch, *, model=None):
+    """The next-token head's logits [B, T, V] (`Family.token_logits`): the logits of the CE term
+    of `LatentLM.losses` (`ce`, what the eval step scores)."""
+    return (model or self.model).apply({"params": params}, *self.model_inputs(batch),
+                                       method=lambda m, t, s: m.logits(m.hidden(t, s)))
+
+
+class NextLatFamily(LatentFamily):
   """NextLat (variant `nextlat`) and its GPT baseline with the same masking (variant `gpt`)."""
 
   name = "nextlat"
@@ -251,18 +278,6 @@ class NextLatFamily(Family):
       raise ConfigError(f"config.model.nextlat.draft_len={n.draft_len} must be >= 1")
 
   @property
-  def variant(self) -> str:
-    return self.config.model.variant
-
-  @property
-  def rule(self) -> masks.Rule:
-    return standard_rule(self.config.model.window)
-
-  @property
-  def answer_token(self) -> int:
-    return int(self.config.data.get("answer_token", -1))
-
-  @property
   def horizon(self) -> int:
     return int(self.config.model.nextlat.horizon)
 
@@ -271,10 +286,6 @@ class NextLatFamily(Family):
     n = self.config.model.nextlat
     return LatentLM(self.dims, self.rule, kind=kind, dyn_hidden=int(n.hidden), horizon=int(n.horizon),
                     emb_grad=bool(n.get("emb_grad", False)))
-
-  def model_inputs(self, batch):
-    inputs, _, seg_in, _ = layers.next_token_targets(batch)
-    return inputs, seg_in
 
   def loss(self, params, batch, rng, step):
     inputs, targets, seg_in, weights = task_targets(batch, self.answer_token)
@@ -298,15 +309,16 @@ class NextLatFamily(Family):
     return base + self.horizon * (2 * 6.0 * dyn + 8.0 * head)
 
 
-class MTPFamily(NextLatFamily):
-  """Multi-token prediction: `config.model.mtp.horizon` heads on the shared trunk."""
+class MTPFamily(LatentFamily):
+  """Multi-token prediction: `config.model.mtp.horizon` heads on the shared trunk (no
+  `config.model.nextlat` options: MTP validates only its own)."""
 
   name = "mtp"
   variants = ("mtp",)
 
   @classmethod
   def validate(cls, config) -> None:
-    Family.validate.__func__(cls, config)
+    super().validate(config)
     m = config.model.get("mtp")
     if m is None or int(m.horizon) < 1:
       raise ConfigError("config.model.mtp.horizon must be >= 1; start from configs/mtp_tiny.py")

@@ -273,9 +273,9 @@ class SPSFamily(Family):
       return transformer.LM(self.dims, self.rule)
     return SPSLM(self.dims, self.rule, self.variant, self.layout_name, self.predict_token_id)
 
-  def with_rule(self, rule: masks.Rule) -> nn.Module:
-    """The same model (same parameter tree) under another rule, e.g. a persistent-key window."""
-    return self.model.clone(rule=rule)
+  def layout(self, num_tokens: int) -> masks.Layout:
+    """The 2T slots of the variant in `config.model.layout` order (T tokens for `standard`)."""
+    return slot_layout(self.variant, num_tokens, self.layout_name)
 
   def init(self, rng) -> Any:
     """Parameters (boxed). Neither their shapes nor their values depend on the sequence length or
@@ -294,8 +294,9 @@ class SPSFamily(Family):
     inputs, _, seg_in, _ = layers.next_token_targets(batch)
     return inputs, seg_in
 
-  def token_logits(self, params, batch, model: nn.Module | None = None):
-    """Read-out logits [B, T, V] aligned with `layers.next_token_targets(batch)`."""
+  def token_logits(self, params, batch, *, model: nn.Module | None = None):
+    """Read-out logits [B, T, V] aligned with `layers.next_token_targets(batch)`: the ρ slots
+    (x slots for reverse_sps; every token for `standard`), `Family.token_logits`."""
     return (model or self.model).apply({"params": params}, *self.model_inputs(batch))
 
   def loss(self, params, batch, rng, step):

@@ -120,11 +120,9 @@ class Teacher:
     import jax
     import jax.numpy as jnp
 
-    from nsl.evals import common
-
     p = self.params if params is None else params
     plain = {k: batch[k] for k in ("tokens", "segment") if k in batch}
-    out = common.token_logits(self.family, p, plain)  # family.token_logits (LIFT: own states) or the model
+    out = self.family.token_logits(p, plain)  # `Family.token_logits`: LIFT feeds its own states
     return jax.lax.stop_gradient(jnp.asarray(out, jnp.float32))
 
 

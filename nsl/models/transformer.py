@@ -53,10 +53,13 @@ class StandardFamily(Family):
     inputs, _, seg_in, _ = layers.next_token_targets(batch)
     return inputs, seg_in
 
+  def token_logits(self, params, batch, *, model=None):
+    """Logits [B, T, V] at every token (`Family.token_logits`)."""
+    return (model or self.model).apply({"params": params}, *self.model_inputs(batch))
+
   def loss(self, params, batch, rng, step):
-    inputs, targets, seg_in, weights = layers.next_token_targets(batch)
-    logits = self.model.apply({"params": params}, inputs, seg_in)
-    loss, weight = layers.masked_cross_entropy(logits, targets, weights)
+    _, targets, _, weights = layers.next_token_targets(batch)
+    loss, weight = layers.masked_cross_entropy(self.token_logits(params, batch), targets, weights)
     return loss, {"weight": weight}
 
   def flops_per_token(self) -> float:

@@ -116,7 +116,7 @@ class Trainer:
     self._train_step, self._eval_step, self._init = p.train_step, p.eval_step, p.init
     self.manifest = prepare_data(config)
     # "" for most families; a LIFT run names a non-own state feed (eval_val_nll_feed_teacher).
-    self.eval_suffix = getattr(self.family, "eval_suffix", "")
+    self.eval_suffix = self.family.eval_suffix
     t = config.train
     self.tokens_per_step = config.data.seq_len * t.batch_size
     self.base_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)

@@ -73,20 +73,9 @@ def make_train_step(family, optimizer: optax.GradientTransformation, schedule: o
 
 
 def make_eval_step(family) -> Callable:
-  """(params, batch) -> (sum of per-target NLL, number of targets) for exact corpus means.
-
-  The NLL is the next-token cross-entropy: a family whose training loss adds auxiliary terms
-  (NextLat's latent losses, MTP's extra heads, LIFT's KL) reports it as metric `ce`, and that,
-  not the total, is evaluated, so `eval_val_nll` compares across families.
-
-  A family with `eval_nll(params, batch) -> (sum, count)` evaluates itself: LIFT scores the NLL
-  with its own states fed back (the paper's metric), or the `lift.eval_feed` it is configured
-  with, logged under the key suffix `family.eval_suffix` (eval_val_nll_feed_teacher)."""
-  if callable(getattr(family, "eval_nll", None)):
-    return lambda params, batch: family.eval_nll(params, batch)
-
-  def eval_step(params, batch):
-    loss, metrics = family.loss(params, batch, jax.random.PRNGKey(0), jnp.zeros((), jnp.int32))
-    return metrics.get("ce", loss) * metrics["weight"], metrics["weight"]
-
-  return eval_step
+  """(params, batch) -> (sum of per-target NLL, number of targets) for exact corpus means:
+  `Family.eval_nll`, the loss's next-token cross-entropy (metric `ce` where the loss adds
+  auxiliary terms), so `eval_val_nll` compares across families. LIFT overrides it to score the
+  NLL with its own states fed back (the paper's metric), or the `lift.eval_feed` it is
+  configured with, logged under the key suffix `family.eval_suffix` (eval_val_nll_feed_teacher)."""
+  return lambda params, batch: family.eval_nll(params, batch)
