@@ -18,6 +18,8 @@ FLOPs are counted per *original* token: the encoder sees (L - n + s)/L of them, 
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -33,6 +35,28 @@ DECODER_RULE = masks.Rule(causal=True, same_segment=True)
 CROSS_RULE = masks.Rule(causal=False, same_segment=True)
 
 TOKENIZER_VOCAB = {"gpt2": 50257, "byte": 257}
+
+
+@dataclasses.dataclass(frozen=True)
+class SEDSpec:
+  """SED's options with their defaults (REFERENCES §2, T5's span corruption), read once from
+  the loose `config.model` fields the configs set (configs/dd.py) and checked in
+  `SEDFamily.validate`: one home instead of a `.get(field, default)` at every use."""
+
+  noise_density: float = 0.15
+  mean_span: float = 4.0
+  sentinels: int = 100
+  gen_layers: int = 0  # decoder layers; 0 or None = model.n_layers // 3
+
+  @staticmethod
+  def from_config(config) -> "SEDSpec":
+    m, d = config.model, SEDSpec()
+    return SEDSpec(noise_density=float(m.get("noise_density", d.noise_density)),
+                   mean_span=float(m.get("mean_span", d.mean_span)), sentinels=int(m.get("sentinels", d.sentinels)),
+                   gen_layers=int(m.get("gen_layers") or d.gen_layers))
+
+  def decoder_layers(self, n_layers: int) -> int:
+    return self.gen_layers or n_layers // 3
 
 
 class CrossAttention(nn.Module):
@@ -92,38 +116,42 @@ class SEDFamily(Family):
   variants = ("sed",)
 
   @property
+  def spec(self) -> SEDSpec:
+    return SEDSpec.from_config(self.config)
+
+  @property
   def sentinels(self) -> int:
-    return int(self.config.model.get("sentinels", 100))
+    return self.spec.sentinels
 
   @property
   def corruption(self) -> tuple[float, float]:
-    m = self.config.model
-    return float(m.get("noise_density", 0.15)), float(m.get("mean_span", 4.0))
+    return self.spec.noise_density, self.spec.mean_span
 
   @classmethod
   def validate(cls, config) -> None:
     super().validate(config)
-    m = config.model
-    gen = m.get("gen_layers") or m.n_layers // 3
+    m, spec = config.model, SEDSpec.from_config(config)
+    gen = spec.decoder_layers(m.n_layers)
     if not 1 <= gen < m.n_layers:
       raise ConfigError(f"config.model.gen_layers={gen} (decoder layers) must be in [1, model.n_layers-1]")
-    density = m.get("noise_density", 0.15)
-    if not 0.0 < density < 1.0:
-      raise ConfigError(f"config.model.noise_density={density} must be in (0, 1)")
+    if not 0.0 < spec.noise_density < 1.0:
+      raise ConfigError(f"config.model.noise_density={spec.noise_density} must be in (0, 1)")
+    if not spec.mean_span > 0.0:
+      raise ConfigError(f"config.model.mean_span={spec.mean_span} must be positive (mean tokens per noise span)")
     tok = config.data.tokenizer
     vocab = TOKENIZER_VOCAB.get(tok, config.data.get("tokenizer_vocab", 0))
-    need = vocab + m.get("sentinels", 100) + 1
+    need = vocab + spec.sentinels + 1
     if m.vocab_size < need:
-      raise ConfigError(f"config.model.vocab_size={m.vocab_size} leaves no room for the {m.get('sentinels', 100)} "
+      raise ConfigError(f"config.model.vocab_size={m.vocab_size} leaves no room for the {spec.sentinels} "
                         f"sentinels and the decoder-start id above the {tok} tokenizer's {vocab} ids; "
                         f"set it to at least {need}")
-    n, s = span_corruption.counts(config.data.seq_len, density, m.get("mean_span", 4.0))
-    if s > m.get("sentinels", 100):
+    n, s = span_corruption.counts(config.data.seq_len, spec.noise_density, spec.mean_span)
+    if s > spec.sentinels:
       raise ConfigError(f"data.seq_len={config.data.seq_len} gives {s} noise spans, more than "
-                        f"model.sentinels={m.get('sentinels', 100)}")
+                        f"model.sentinels={spec.sentinels}")
 
   def split(self) -> tuple[int, int]:
-    gen = self.config.model.get("gen_layers") or self.dims.n_layers // 3
+    gen = self.spec.decoder_layers(self.dims.n_layers)
     return self.dims.n_layers - gen, gen
 
   def make_model(self):
