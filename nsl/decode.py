@@ -1,26 +1,20 @@
 """KV-cache generation for the standard transformer and every SPS variant (REFERENCES §1).
 
-Tokens become *groups* of slots in logical order: one slot per token for `standard`, the pair
-(x_i, ρ_i) for the SPS variants, with per-slot `pos` (causality), `tok` (RoPE position, window
-distance) and `kind`. Generation is prefill then one group per new token:
+Tokens become *groups* of slots in logical order: one slot per token for `standard` (and the
+standard trunk of nextlat / mtp), the pair (x_i, ρ_i) for the SPS variants, with per-slot `pos`
+(causality), `tok` (RoPE position, window distance) and `kind`. Generation is prefill then one
+group per new token, both through the model's own `layers.Stack` with a `kv_cache.KVCache`
+(`trunk`; the same modules and parameter tree as training, scanned over the layers):
 
-- **prefill** runs the prompt's slots through the trunk in the family's physical layout with
-  `nsl.attention.attend` (the training path, chunked on CPU) and keeps every layer's K/V;
-- **decode** feeds the sampled token's group: queries are the group's slots, keys are the
-  persistent cache, the temporary ring and the group itself, visibility is the family's
-  `masks.Rule` evaluated by `attention.attend_dense` on explicit per-slot fields (positions are
-  dynamic here), and the group's K/V are then written to the caches.
+- **prefill** runs the prompt's slots in the family's physical layout through the training path
+  (`nsl.attention.attend`, chunked on CPU) and writes every layer's K/V;
+- **extend** / **decode** feed new groups (one, or a self-speculative round's k+1): queries are
+  their slots, keys the cache plus their own, visibility the family's `masks.Rule` evaluated by
+  `attention.attend_dense` on explicit per-slot fields (positions are dynamic here).
 
-Caches, per layer: a **persistent** cache that grows by the persistent slots of each token
-(preallocated to the final length; entries beyond the current length are masked out), and a
-**temporary ring** of `w` tokens, entry `tok mod w`: a query at token t sees temporary keys of
-tokens t-w..t, of which t itself is in the group being decoded, so w past tokens suffice and
-older ones are overwritten (evicted). Per layer and row that is T slots for standard, T + w for
-sps / delayed_state / reverse_sps, 2T for twox_memory.
-
-Decoding reuses the trained parameter tree and the layers' own modules (`Embedder.encode` /
-`decode`, `RMSNorm`, `Attention.project_q` / `project_kv` / `output`, `SwiGLU`) bound to the
-sub-trees of `params`, so it runs the same parameters through the same code as `model.apply`.
+The cache (nsl/models/kv_cache.py) keeps persistent slots for every token and the temporary
+slot of the last w tokens in a ring: per layer and row T slots for standard, T + w for sps /
+delayed_state / reverse_sps, 2T for twox_memory. `sample` is the one sampler of every decoder.
 Greedy (`temperature=0`) or temperature sampling.
 """
 
@@ -28,14 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from nsl import attention, masks
-from nsl.models import layers
+from nsl.models import kv_cache, layers
 
 P, T_ = masks.PERSISTENT, masks.TEMPORARY
 
@@ -73,23 +66,22 @@ class SlotPlan:
     return int(self.rule.window)
 
   def prompt_layout(self, num_tokens: int) -> masks.Layout:
-    """Static metadata of a prompt's slots in the physical prefill order."""
-    g = self.group
-    pos = np.arange(g * num_tokens, dtype=np.int32)
-    if self.layout == "stream_major" and g > 1:
-      pos = np.concatenate([pos[j::g] for j in range(g)])
-    return masks.Layout(pos=pos, tok=pos // g, kind=np.asarray(self.kinds, np.int32)[pos % g])
+    """Static metadata of a prompt's slots in the physical prefill order (`masks.Layout.grouped`,
+    the one definition of the SPS slot order)."""
+    return masks.Layout.grouped(self.kinds, num_tokens, self.layout)
 
 
 def plan_for(family) -> SlotPlan:
-  """The SlotPlan of a Family object (`standard` family or `sps` family, any variant)."""
+  """The SlotPlan of a Family object: the `sps` family (any variant) and every family whose
+  model is the standard trunk under `embed` / `trunk` with the tied head (standard, nextlat,
+  mtp). LIFT decodes with its own state feedback (`nsl.models.lift`), through `trunk`."""
   from nsl.models import sps
 
   if family.name == "sps" and family.variant != "standard":
     spec = sps.SPECS[family.variant]
     return SlotPlan(kinds=spec.kinds, readout=spec.readout, rule=family.rule, layout=family.layout_name,
                     has_predict=True, predict_token_id=family.predict_token_id)
-  if family.name in ("sps", "standard"):
+  if family.name in ("sps", "standard", "nextlat", "mtp"):
     return SlotPlan(kinds=(P,), readout=0, rule=family.rule)
   raise ValueError(f"no KV-cache decoder for family {family.name!r}")
 
@@ -112,155 +104,82 @@ def _norm(dims, p, x):
   return layers.RMSNorm(dims.norm_eps).apply({"params": p}, x)
 
 
-def _attn(dims, p):
-  return layers.Attention(dims).bind({"params": p})
-
-
-def _mlp(dims, p, x):
-  return layers.SwiGLU(dims).apply({"params": p}, x)
+def _head(dims, params, h_BSD):
+  """Logits of final-normed hidden states (the tied head)."""
+  return layers.Embedder(dims).apply({"params": params["embed"]}, h_BSD, method="decode")
 
 
 def _logits(dims, params, h_BSD):
-  h = _norm(dims, params["trunk"]["final_norm"], h_BSD)
-  return layers.Embedder(dims).apply({"params": params["embed"]}, h, method="decode")
+  """Logits of the last block's output (final norm, then the head)."""
+  return _head(dims, params, _norm(dims, params["trunk"]["final_norm"], h_BSD))
+
+
+def trunk(dims, rule: masks.Rule, params, x_BSD, cache: kv_cache.KVCache, step: kv_cache.Step, slots=None):
+  """The shared trunk (`layers.Stack`, parameters `params['trunk']`) on the new slots `step`
+  with the cache: -> (cache, final-normed hidden states [B, S, D]). It runs scanned over the
+  layers (one compiled layer body) whichever form the parameters are stored in."""
+  d = dataclasses.replace(dims, scan_layers=True, remat="none")
+  p = layers.scanned_params(params["trunk"], dims.n_layers)
+  return layers.Stack(d, rule).apply({"params": p}, x_BSD, slots, cache=cache, step=step)
 
 
 # ----------------------------------------------------------------------------- cache
 
 
-def init_cache(dims, plan: SlotPlan, batch: int, max_tokens: int) -> dict[str, Any]:
-  """Empty caches for `max_tokens` tokens: persistent [L, B, P, H, Dh] and ring [L, B, R, H, Dh]."""
-  npers = len(plan.persistent_slots) * max_tokens
-  ring = plan.ring_size
-  dt = dims.compute_dtype
-  shape = lambda n: (dims.n_layers, batch, n, dims.n_heads, dims.head_dim)
-  return {
-      "k": jnp.zeros(shape(npers), dt), "v": jnp.zeros(shape(npers), dt),
-      "p_pos": jnp.zeros((npers,), jnp.int32), "p_tok": jnp.zeros((npers,), jnp.int32),
-      "p_valid": jnp.zeros((npers,), jnp.int32),
-      "rk": jnp.zeros(shape(ring), dt), "rv": jnp.zeros(shape(ring), dt),
-      "r_pos": jnp.zeros((ring,), jnp.int32), "r_tok": jnp.zeros((ring,), jnp.int32),
-      "r_valid": jnp.zeros((ring,), jnp.int32),
-  }
+def init_cache(dims, plan: SlotPlan, batch: int, max_tokens: int) -> kv_cache.KVCache:
+  """An empty cache for `max_tokens` tokens: persistent slots plus the ring of w tokens."""
+  return kv_cache.KVCache.create(dims, batch, max_tokens, plan.kinds, plan.ring_size)
 
 
-def cache_bytes(cache: dict[str, Any]) -> dict[str, int]:
-  """Bytes of the arrays a cache allocates: K/V of the persistent cache, of the ring, metadata."""
-  nb = lambda names: int(sum(cache[n].size * cache[n].dtype.itemsize for n in names))
-  out = {"persistent": nb(("k", "v")), "ring": nb(("rk", "rv")),
-         "metadata": nb(("p_pos", "p_tok", "p_valid", "r_pos", "r_tok", "r_valid"))}
-  out["total"] = sum(out.values())
-  return out
+def cache_bytes(cache: kv_cache.KVCache) -> dict[str, int]:
+  """Bytes of the arrays a cache allocates: K/V of the persistent part, of the ring, metadata."""
+  return cache.nbytes()
 
 
-# ----------------------------------------------------------------------------- prefill
+# ----------------------------------------------------------------------------- prefill and decode
 
 
-def prefill(dims, plan: SlotPlan, params, tokens_BN, max_tokens: int):
-  """Runs the prompt [B, N] and returns (read-out logits of the last token [B, V], cache)."""
+def prefill_hidden(dims, plan: SlotPlan, params, tokens_BN, max_tokens: int):
+  """Runs the prompt [B, N] in the family's physical layout through the training path and
+  returns (final hidden state of the last token's read-out slot [B, D], cache)."""
   b, n = tokens_BN.shape
   lay = plan.prompt_layout(n)
   g = plan.group
   x = _embed(dims, params, plan, tokens_BN).reshape(b, n * g, dims.d_model)[:, lay.pos]  # physical order
-  slots = attention.Slots(lay, segment=jnp.ones((b, lay.num_slots), jnp.int32))
-  ks, vs = [], []
-  for i in range(dims.n_layers):
-    p = layers.layer_params(params["trunk"], i)
-    attn = _attn(dims, p["attn"])
-    h = _norm(dims, p["attn_norm"], x)
-    q = attn.project_q(h, lay.tok)
-    k, v = attn.project_kv(h, lay.tok)
-    o = attention.attend(q, k, v, plan.rule, slots, slots, impl=dims.attention_impl,
-                         chunk_q=dims.attention_chunk, chunk_k=dims.attention_chunk)
-    x = x + attn.output(o)
-    x = x + _mlp(dims, p["mlp"], _norm(dims, p["mlp_norm"], x))
-    ks.append(k)
-    vs.append(v)
-  logical = np.argsort(lay.pos)  # physical index of each logical slot
-  last = int(logical[(n - 1) * g + plan.readout])
-  logits = _logits(dims, params, x[:, last:last + 1])[:, 0]
-
+  seg = jnp.ones((b, lay.num_slots), jnp.int32)
   cache = init_cache(dims, plan, b, max_tokens)
-  k_all = jnp.stack(ks)[:, :, logical].reshape(dims.n_layers, b, n, g, dims.n_heads, dims.head_dim)
-  v_all = jnp.stack(vs)[:, :, logical].reshape(k_all.shape)
-  pers = list(plan.persistent_slots)
-  if pers:
-    npp = len(pers) * n
-    cache["k"] = cache["k"].at[:, :, :npp].set(k_all[:, :, :, pers].reshape(dims.n_layers, b, npp, *k_all.shape[-2:]))
-    cache["v"] = cache["v"].at[:, :, :npp].set(v_all[:, :, :, pers].reshape(dims.n_layers, b, npp, *k_all.shape[-2:]))
-    tok = np.repeat(np.arange(n, dtype=np.int32), len(pers))
-    pos = tok * g + np.tile(np.asarray(pers, np.int32), n)
-    cache["p_pos"] = cache["p_pos"].at[:npp].set(pos)
-    cache["p_tok"] = cache["p_tok"].at[:npp].set(tok)
-    cache["p_valid"] = cache["p_valid"].at[:npp].set(1)
-  ring = plan.ring_size
-  if ring:
-    (j,) = plan.temporary_slots
-    toks = np.arange(max(0, n - ring), n, dtype=np.int32)
-    idx = toks % ring
-    cache["rk"] = cache["rk"].at[:, :, idx].set(k_all[:, :, toks, j])
-    cache["rv"] = cache["rv"].at[:, :, idx].set(v_all[:, :, toks, j])
-    cache["r_pos"] = cache["r_pos"].at[idx].set(toks * g + j)
-    cache["r_tok"] = cache["r_tok"].at[idx].set(toks)
-    cache["r_valid"] = cache["r_valid"].at[idx].set(1)
-  return logits, cache
+  step = cache.step(lay.pos, lay.tok, lay.kind, seg, prefill=True)
+  cache, h = trunk(dims, plan.rule, params, x, cache, step, attention.Slots(lay, segment=seg))
+  last = int(np.argsort(lay.pos)[(n - 1) * g + plan.readout])  # physical index of that slot
+  return h[:, last], cache
 
 
-# ----------------------------------------------------------------------------- one decode step
+def prefill(dims, plan: SlotPlan, params, tokens_BN, max_tokens: int):
+  """Runs the prompt [B, N] and returns (read-out logits of the last token [B, V], cache)."""
+  h, cache = prefill_hidden(dims, plan, params, tokens_BN, max_tokens)
+  return _head(dims, params, h[:, None])[:, 0], cache
+
+
+def extend(dims, plan: SlotPlan, params, cache, tokens_BM, start):
+  """Feeds tokens [B, M] at token positions start..start+M-1 (`start` may be traced) after the
+  cached ones: -> (final hidden states of their read-out slots [B, M, D], updated cache). Cache
+  entries of tokens >= start (a rejected draft) are ignored and overwritten."""
+  b, m = tokens_BM.shape
+  g = plan.group
+  tok = jnp.repeat(jnp.asarray(start, jnp.int32) + jnp.arange(m, dtype=jnp.int32), g)
+  pos = tok * g + jnp.tile(jnp.arange(g, dtype=jnp.int32), m)
+  kind = jnp.tile(jnp.asarray(plan.kinds, jnp.int32), m)
+  x = _embed(dims, params, plan, tokens_BM).reshape(b, m * g, dims.d_model)  # logical order
+  step = cache.step(pos, tok, kind, jnp.ones((b, m * g), jnp.int32))
+  cache, h = trunk(dims, plan.rule, params, x, cache, step)
+  return h.reshape(b, m, g, dims.d_model)[:, :, plan.readout], cache
 
 
 def decode_step(dims, plan: SlotPlan, params, cache, token_B, index):
   """Feeds token `index` (a traced int32 scalar, the token's position) and returns
   (its read-out logits [B, V], the updated cache)."""
-  g = plan.group
-  x = _embed(dims, params, plan, token_B[:, None])[:, 0]  # [B, G, D]
-  j = jnp.arange(g, dtype=jnp.int32)
-  q_tok = jnp.full((g,), index, jnp.int32)
-  q_fields = {"pos": index * g + j, "tok": q_tok, "kind": jnp.asarray(plan.kinds, jnp.int32),
-              "segment": jnp.ones((g,), jnp.int32)}
-  k_fields = {
-      "pos": jnp.concatenate([cache["p_pos"], cache["r_pos"], q_fields["pos"]]),
-      "tok": jnp.concatenate([cache["p_tok"], cache["r_tok"], q_tok]),
-      "kind": jnp.concatenate([jnp.full(cache["p_pos"].shape, P, jnp.int32),
-                               jnp.full(cache["r_pos"].shape, T_, jnp.int32), q_fields["kind"]]),
-      "segment": jnp.concatenate([cache["p_valid"], cache["r_valid"], q_fields["segment"]]),
-  }
-  pers, temps = list(plan.persistent_slots), list(plan.temporary_slots)
-  p_at = index * len(pers)
-  ring = plan.ring_size
-  r_at = index % ring if ring else 0
-  new = dict(cache)
-  ks, vs = [], []
-  for i in range(dims.n_layers):
-    p = layers.layer_params(params["trunk"], i)
-    attn = _attn(dims, p["attn"])
-    h = _norm(dims, p["attn_norm"], x)
-    q = attn.project_q(h, q_tok)
-    k, v = attn.project_kv(h, q_tok)
-    keys = jnp.concatenate([cache["k"][i], cache["rk"][i], k], axis=1)
-    values = jnp.concatenate([cache["v"][i], cache["rv"][i], v], axis=1)
-    o, _ = attention.attend_dense(q, keys, values, plan.rule, q_fields, k_fields)
-    x = x + attn.output(o)
-    x = x + _mlp(dims, p["mlp"], _norm(dims, p["mlp_norm"], x))
-    ks.append(k)
-    vs.append(v)
-  k_new, v_new = jnp.stack(ks), jnp.stack(vs)  # [L, B, G, H, Dh]
-  if pers:
-    new["k"] = jax.lax.dynamic_update_slice_in_dim(cache["k"], k_new[:, :, pers], p_at, axis=2)
-    new["v"] = jax.lax.dynamic_update_slice_in_dim(cache["v"], v_new[:, :, pers], p_at, axis=2)
-    pers_pos = index * g + jnp.asarray(pers, jnp.int32)
-    new["p_pos"] = jax.lax.dynamic_update_slice(cache["p_pos"], pers_pos, (p_at,))
-    new["p_tok"] = jax.lax.dynamic_update_slice(cache["p_tok"], jnp.full((len(pers),), index, jnp.int32), (p_at,))
-    new["p_valid"] = jax.lax.dynamic_update_slice(cache["p_valid"], jnp.ones((len(pers),), jnp.int32), (p_at,))
-  if ring:
-    (jt,) = temps
-    new["rk"] = jax.lax.dynamic_update_slice_in_dim(cache["rk"], k_new[:, :, jt:jt + 1], r_at, axis=2)
-    new["rv"] = jax.lax.dynamic_update_slice_in_dim(cache["rv"], v_new[:, :, jt:jt + 1], r_at, axis=2)
-    new["r_pos"] = cache["r_pos"].at[r_at].set(index * g + jt)
-    new["r_tok"] = cache["r_tok"].at[r_at].set(index)
-    new["r_valid"] = cache["r_valid"].at[r_at].set(1)
-  logits = _logits(dims, params, x[:, plan.readout:plan.readout + 1])[:, 0]
-  return logits, new
+  h, cache = extend(dims, plan, params, cache, token_B[:, None], index)
+  return _head(dims, params, h)[:, 0], cache
 
 
 # ----------------------------------------------------------------------------- generation

@@ -18,9 +18,10 @@ A round emits (accepted drafts + 1) tokens for one trunk forward of k+1 tokens; 
 written for rejected drafts lie beyond the new length and are overwritten by the next round
 (keys past a query's position are masked). Batch size 1 (acceptance lengths differ per row).
 
-The KV cache here is the plain causal trunk of `LatentLM` (parameters `embed`, `trunk`) run
-through the layers' own modules bound to `params`; it serves both plain and speculative
-decoding so their speeds are compared on the same code. Each generation is one compiled
+The trunk with its KV cache is the shared one of every decoder (`nsl.decode.prefill_hidden` /
+`extend`: `LatentLM`'s `layers.Stack` with a `kv_cache.KVCache`, visibility from the family's
+rule); it serves both plain and speculative decoding so their speeds are compared on the same
+code, and `nsl.decode.sample` draws every token. Each generation is one compiled
 program (plain: a scan over tokens; speculative: a while loop over rounds), so neither pays a
 host round trip per step. `measure` returns tokens/s and the mean accepted tokens per draft for
 both, side by side.
@@ -35,49 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsl.models import layers
-
-
-def init_cache(dims: layers.Dims, batch: int, max_tokens: int) -> dict[str, jax.Array]:
-  shape = (dims.n_layers, batch, max_tokens, dims.n_heads, dims.head_dim)
-  return {"k": jnp.zeros(shape, dims.compute_dtype), "v": jnp.zeros(shape, dims.compute_dtype)}
-
-
-def cached_forward(dims: layers.Dims, params, cache, tokens_BM, start):
-  """Feeds tokens [B, M] at positions start..start+M-1 (start traced); returns (final hidden
-  states [B, M, D] (after the final norm), the updated cache). Queries see cache keys at
-  positions <= their own."""
-  m = tokens_BM.shape[1]
-  x = layers.Embedder(dims).apply({"params": params["embed"]}, tokens_BM, method="encode")
-  pos = start + jnp.arange(m, dtype=jnp.int32)
-  visible_MS = jnp.arange(cache["k"].shape[2])[None, :] <= pos[:, None]
-  norm = lambda p, y: layers.RMSNorm(dims.norm_eps).apply({"params": p}, y)
-  ck, cv = cache["k"], cache["v"]
-  zero = jnp.zeros((), jnp.int32)
-  for i in range(dims.n_layers):
-    p = layers.layer_params(params["trunk"], i)
-    attn = layers.Attention(dims).bind({"params": p["attn"]})
-    h = norm(p["attn_norm"], x)
-    q = attn.project_q(h, pos)
-    k, v = attn.project_kv(h, pos)
-    # Whole-array updates, so a donated or loop-carried cache is written in place.
-    at = (jnp.int32(i), zero, jnp.asarray(start, jnp.int32), zero, zero)
-    ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), at)
-    cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), at)
-    keys, vals = ck[i], cv[i]
-    s = jnp.einsum("bmhd,bshd->bhms", q, keys, preferred_element_type=jnp.float32) / np.sqrt(dims.head_dim)
-    s = jnp.where(visible_MS[None, None], s, -1e30)
-    o = jnp.einsum("bhms,bshd->bmhd", jax.nn.softmax(s, axis=-1).astype(vals.dtype), vals)
-    x = x + attn.output(o)
-    x = x + layers.SwiGLU(dims).apply({"params": p["mlp"]}, norm(p["mlp_norm"], x))
-  h = norm(params["trunk"]["final_norm"], x)
-  return h, {"k": ck, "v": cv}
-
-
-def _sample(logits_BV, key, temperature: float):
-  if temperature == 0:
-    return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-  return jax.random.categorical(key, logits_BV / temperature, axis=-1).astype(jnp.int32)
+from nsl import decode
 
 
 class Decoder:
@@ -91,17 +50,17 @@ class Decoder:
     self.k = int(draft_len if draft_len is not None else family.config.model.nextlat.draft_len)
     self.temperature = float(temperature)
     model, dims, k, temp = family.model, self.dims, self.k, self.temperature
+    plan = decode.plan_for(family)
     head = lambda p, h: model.apply({"params": p}, h, method="logits")
     step = lambda p, h, t: model.apply({"params": p}, h, t, method="step")
 
-    def prefill(p, cache, prompt_BN, key):
-      h, cache = cached_forward(dims, p, cache, prompt_BN, jnp.int32(0))
-      logits = head(p, h[:, -1:])[:, 0]
-      return _sample(logits, key, temp), h[:, -1], cache
+    def prefill(p, prompt_BN, max_tokens: int, key):
+      h, cache = decode.prefill_hidden(dims, plan, p, prompt_BN, max_tokens)
+      return decode.sample(head(p, h[:, None])[:, 0], key, temp), h, cache
 
     def plain_step(p, cache, token_B, start, key):
-      h, cache = cached_forward(dims, p, cache, token_B[:, None], start)
-      return _sample(head(p, h)[:, 0], key, temp), h[:, 0], cache
+      h, cache = decode.extend(dims, plan, p, cache, token_B[:, None], start)
+      return decode.sample(head(p, h)[:, 0], key, temp), h[:, 0], cache
 
     def spec_round(p, cache, h_BD, pending_B, start, key):
       keys = jax.random.split(key, k + 2)
@@ -109,7 +68,7 @@ class Decoder:
       drafts, q_logits = [], []
       for j in range(k):
         ql = head(p, hat)[:, 0]
-        d = _sample(ql, keys[j], temp)
+        d = decode.sample(ql, keys[j], temp)
         drafts.append(d)
         q_logits.append(ql)
         if j < k - 1:
@@ -117,7 +76,7 @@ class Decoder:
       drafts_BK = jnp.stack(drafts, axis=1)
       q_BKV = jnp.stack(q_logits, axis=1)
       seq = jnp.concatenate([pending_B[:, None], drafts_BK], axis=1)  # [B, k+1]
-      h, cache = cached_forward(dims, p, cache, seq, start)
+      h, cache = decode.extend(dims, plan, p, cache, seq, start)
       p_logits = head(p, h)  # [B, k+1, V]; p_logits[:, j] is the law of the token after seq[:, j]
       if temp == 0:
         ok = drafts_BK == jnp.argmax(p_logits[:, :k], axis=-1)
@@ -142,8 +101,7 @@ class Decoder:
 
     def plain_loop(p, prompt_BN, rng, new: int):
       n, keys_T = prompt_BN.shape[1], jax.random.split(rng, new)
-      cache = init_cache(dims, 1, n + new + 1)
-      tok, _, cache = prefill(p, cache, prompt_BN, keys_T[0])
+      tok, _, cache = prefill(p, prompt_BN, n + new + 1, keys_T[0])
 
       def body(carry, xs):
         cache, tok = carry
@@ -156,9 +114,8 @@ class Decoder:
 
     def spec_loop(p, prompt_BN, rng, new: int):
       n = prompt_BN.shape[1]
-      cache = init_cache(dims, 1, n + new + k + 2)
       rng, key = jax.random.split(rng)
-      pending, h, cache = prefill(p, cache, prompt_BN, key)
+      pending, h, cache = prefill(p, prompt_BN, n + new + k + 2, key)
       out = jnp.zeros((new + k + 1,), jnp.int32).at[0].set(pending[0])
       accepted = jnp.zeros((new,), jnp.int32)
       slots = jnp.arange(k + 1)

@@ -13,10 +13,11 @@ from tests.helpers import tiny_config
 PROMPT, NEW = 5, 9  # 14 tokens: the rings of w <= 3 wrap several times
 
 
-def _family(variant, window, layout="stream_major", family="sps", init=True, rho="tied"):
+def _family(variant, window, layout="stream_major", family="sps", init=True, rho="tied", scan=False):
   # vocab: the 257 byte ids + the <predict> row 257 (SPS's tied ρ), padded to a multiple of 8
   c = tiny_config("/nonexistent", **{"family": family, "model.variant": variant, "model.window": window,
-                                     "model.attention_impl": "xla", "data.seq_len": 16, "model.vocab_size": 264})
+                                     "model.attention_impl": "xla", "data.seq_len": 16, "model.vocab_size": 264,
+                                     "model.scan_layers": scan})
   if family == "sps":
     c.model.predict_embedding = rho
   c.model.layout = layout
@@ -59,6 +60,18 @@ CASES = [("standard", 64, "stream_major", "sps", "tied"), ("sps", 0, "interleave
 @pytest.mark.parametrize("variant,window,layout,family,rho", CASES)
 def test_cached_generation_equals_full_recomputation(variant, window, layout, family, rho):
   fam, params = _family(variant, window, layout, family, rho=rho)
+  assert "block_0" in params["trunk"]  # unrolled storage; the decoder still scans over layers
+  _check_generation(fam, params)
+
+
+def test_cached_generation_with_scanned_parameters():
+  """A trunk stored scanned (`trunk/layers`, stacked) decodes through the same cached path."""
+  fam, params = _family("delayed_state", 2, "stream_major", scan=True)
+  assert "layers" in params["trunk"]
+  _check_generation(fam, params)
+
+
+def _check_generation(fam, params):
   prompt = _prompt()
   toks, logits = decode.generate(fam, params, prompt, NEW)
   ref_toks, ref_logits = decode.generate_uncached(fam, params, prompt, NEW)
@@ -97,6 +110,7 @@ def test_cache_sizes(variant, window, slots):
   """Per layer and row: T slots for standard, T + w for sps / delayed / reverse, 2T for 2x memory."""
   fam, _ = _family(variant, window, init=False)
   cache = decode.init_cache(fam.dims, decode.plan_for(fam), batch=2, max_tokens=20)
-  assert cache["k"].shape[2] + cache["rk"].shape[2] == slots
+  assert cache.size == cache.k.shape[2] == slots
   per_slot = 2 * fam.dims.n_layers * 2 * fam.dims.d_model * 4  # K and V, layers, rows, float32
   assert decode.cache_bytes(cache)["persistent"] + decode.cache_bytes(cache)["ring"] == slots * per_slot
+  assert decode.cache_bytes(cache)["ring"] == (window or 0) * per_slot * (variant not in ("standard", "twox_memory"))

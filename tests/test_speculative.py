@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from configs import nextlat as nextlat_configs
-from nsl import speculative
+from nsl import decode, speculative
 from nsl.models import registry
 
 
@@ -36,12 +36,21 @@ def fam_params():
 
 
 def test_cached_forward_matches_model(fam_params):
+  """The shared cached trunk (nsl.decode) on nextlat's LatentLM: prefill + a multi-token step,
+  and multi-token steps from an empty cache, equal the training forward's hidden states; a step
+  overwrites entries left by a longer earlier one (a rejected draft) without seeing them."""
   fam, params = fam_params
+  dims, plan = fam.dims, decode.plan_for(fam)
   toks = jax.random.randint(jax.random.PRNGKey(2), (1, 12), 0, 64)
   ref = fam.model.apply({"params": params}, toks, jnp.ones_like(toks), method="hidden")
-  cache = speculative.init_cache(fam.dims, 1, 16)
-  h1, cache = speculative.cached_forward(fam.dims, params, cache, toks[:, :7], jnp.int32(0))
-  h2, _ = speculative.cached_forward(fam.dims, params, cache, toks[:, 7:], jnp.int32(7))
+  h0, cache = decode.prefill_hidden(dims, plan, params, toks[:, :7], 16)
+  np.testing.assert_allclose(h0, ref[:, 6], atol=2e-4, rtol=2e-4)
+  h2, _ = decode.extend(dims, plan, params, cache, toks[:, 7:], jnp.int32(7))
+  np.testing.assert_allclose(h2, ref[:, 7:], atol=2e-4, rtol=2e-4)
+  cache = decode.init_cache(dims, plan, 1, 16)
+  h1, cache = decode.extend(dims, plan, params, cache, toks[:, :7], jnp.int32(0))
+  _, stale = decode.extend(dims, plan, params, cache, jnp.zeros((1, 4), jnp.int32), jnp.int32(7))
+  h2, _ = decode.extend(dims, plan, params, stale, toks[:, 7:], jnp.int32(7))
   np.testing.assert_allclose(np.concatenate([h1, h2], 1), ref, atol=2e-4, rtol=2e-4)
 
 

@@ -112,7 +112,7 @@ def prepare_variant(config, args) -> dict:
       "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "batch": args.batch,
       "first_call_s": round(first_call, 3),
       "kv_cache_bytes": kv["total"], "kv_cache_detail": kv,
-      "kv_cache_slots_per_row_layer": int(cache["k"].shape[2] + cache["rk"].shape[2]),
+      "kv_cache_slots_per_row_layer": cache.size,
       "expected_kv_vs_standard": _expected_ratio(config.model.variant, total, plan.ring_size),
   }
   if compiled is not None:

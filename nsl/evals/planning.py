@@ -3,8 +3,8 @@
   python -m nsl.evals.planning --workdir=runs/nextlat_path_star [--limit=1000] [--batch_size=250]
 
 Reads the run's config.json and latest checkpoint, the task test set of its data dir
-(`task_test.npz`, nsl/data/tasks/task_data.py), decodes every prompt greedily with a KV cache
-(`nsl.speculative.cached_forward`: families with the standard trunk — standard, nextlat, mtp;
+(`task_test.npz`, nsl/data/tasks/task_data.py), decodes every prompt greedily with the shared KV-cache
+decoder (`nsl.decode.generate`: standard, sps, nextlat, mtp; LIFT with its own-state feedback;
 batched, all prompts of a task have the same length) for the task's answer length, and scores
 with the task's checker (path-star: the ℓ path tokens exactly; countdown: any correct solution).
 Prints one JSON line and writes it to WORKDIR/planning.json. For path-star it also reports the
@@ -32,32 +32,16 @@ def load_run(workdir: str):
 
 
 def greedy_batch(family, params, prompts_BN: np.ndarray, new_tokens: int) -> np.ndarray:
-  """Greedy continuation [B, new_tokens] of same-length prompts with a KV cache."""
-  import jax
+  """Greedy continuation [B, new_tokens] of same-length prompts with the shared KV-cache decoder
+  (`nsl.decode.generate`; LIFT: its own-state feedback decode, `LiftFamily.generate`)."""
   import jax.numpy as jnp
 
-  from nsl import speculative
+  from nsl import decode
 
-  dims = family.dims
-  head = lambda p, h: family.model.apply({"params": p}, h, method="logits")
-
-  @jax.jit
-  def run(p, prompts):
-    b, n = prompts.shape
-    cache = speculative.init_cache(dims, b, n + new_tokens)
-    h, cache = speculative.cached_forward(dims, p, cache, prompts, jnp.int32(0))
-    tok = jnp.argmax(head(p, h[:, -1:])[:, 0], axis=-1).astype(jnp.int32)
-
-    def body(carry, i):
-      cache, tok = carry
-      h, cache = speculative.cached_forward(dims, p, cache, tok[:, None], n + i)
-      nxt = jnp.argmax(head(p, h)[:, 0], axis=-1).astype(jnp.int32)
-      return (cache, nxt), tok
-
-    (_, last), toks = jax.lax.scan(body, (cache, tok), jnp.arange(new_tokens - 1, dtype=jnp.int32))
-    return jnp.concatenate([toks.T, last[:, None]], axis=1)
-
-  return np.asarray(run(params, jnp.asarray(prompts_BN, jnp.int32)))
+  prompts = jnp.asarray(prompts_BN, jnp.int32)
+  if family.name == "lift":
+    return np.asarray(family.generate(params, prompts, new_tokens))[:, prompts.shape[1]:]
+  return np.asarray(decode.generate(family, params, prompts, new_tokens)[0])
 
 
 def evaluate(workdir: str, limit: int | None = None, batch_size: int = 250, data_dir: str | None = None) -> dict:

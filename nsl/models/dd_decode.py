@@ -16,7 +16,8 @@ Per token of context the cache holds Lg layers of K and V (vs all L layers for d
 a third of decoder-only's with the 2:1 split.
 
 `generate_uncached` is the reference: full recomputation with `DoubleDecoder.__call__` and block
-ids [0]*(P-1) + [1]*rest at every step.
+ids [0]*(P-1) + [1]*rest at every step. Tokens are drawn by `nsl.decode.sample`, the sampler of
+every decoder.
 """
 
 from __future__ import annotations
@@ -30,13 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from nsl import decode
 from nsl.models.double_decoder import DoubleDecoder
-
-
-def _sample(logits_BV, rng, temperature: float):
-  if temperature == 0:
-    return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-  return jax.random.categorical(rng, logits_BV / temperature, axis=-1).astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
@@ -58,7 +54,7 @@ def prefill(model: DoubleDecoder, params, prompt_BP, new_tokens: int):
 def decode_loop(model: DoubleDecoder, params, cache, logits_BV, steps: int, temperature: float, rng):
   """Samples `steps` tokens from the prefill's logits onwards; returns (tokens, logits, cache)."""
   rngs = jax.random.split(rng, steps)
-  first = _sample(logits_BV, rngs[0], temperature)
+  first = decode.sample(logits_BV, rngs[0], temperature)
   n_cross = cache["cross_k"].shape[2]
 
   def body(carry, xs):
@@ -66,7 +62,7 @@ def decode_loop(model: DoubleDecoder, params, cache, logits_BV, steps: int, temp
     index, key = xs
     logits, sk, sv = model.apply({"params": params}, token, index, cache["cross_k"], cache["cross_v"], n_cross,
                                  sk, sv, cache["start"], method=DoubleDecoder.gen_step)
-    nxt = _sample(logits, key, temperature)
+    nxt = decode.sample(logits, key, temperature)
     return (sk, sv, nxt), (nxt, logits)
 
   idx = cache["start"] + 1 + jnp.arange(steps - 1, dtype=jnp.int32)
@@ -118,7 +114,7 @@ def generate_uncached(family, params, prompt_BP, new_tokens: int, *, temperature
   toks, logits = [], []
   for k in range(new_tokens):
     lg = apply(params, seq)[:, p - 1 + k]
-    nxt = _sample(lg, rngs[k], temperature)
+    nxt = decode.sample(lg, rngs[k], temperature)
     toks.append(nxt)
     logits.append(lg)
     seq = seq.at[:, p + k].set(nxt)
@@ -149,7 +145,6 @@ def compare(dd_config, decoder_only_config, *, batch: int = 4, prompt_len: int =
             repeats: int = 3, seed: int = 0) -> list[dict]:
   """KV-cache bytes and decode tokens/s, double decoder vs decoder-only (random weights; the
   figures depend on shapes only), measured side by side. One dict per model plus a ratio row."""
-  from nsl import decode as do_decode
   from nsl.models import registry
 
   rng = np.random.default_rng(seed)
@@ -167,13 +162,13 @@ def compare(dd_config, decoder_only_config, *, batch: int = 4, prompt_len: int =
       kv, slots = nbytes["total"], (prompt_len - 1) + new_tokens
       layers_cached = family.model.gen_layers
     else:
-      dims, plan = family.dims, do_decode.plan_for(family)
+      dims, plan = family.dims, decode.plan_for(family)
       total = prompt_len + new_tokens
-      logits, cache = do_decode.prefill_jit(dims, plan, params, prompt, total)
-      t_prefill = _time(lambda: do_decode.prefill_jit(dims, plan, params, prompt, total), repeats)
-      t_decode = _time(lambda: do_decode.decode_loop(dims, plan, params, cache, logits, new_tokens, 0.0,
+      logits, cache = decode.prefill_jit(dims, plan, params, prompt, total)
+      t_prefill = _time(lambda: decode.prefill_jit(dims, plan, params, prompt, total), repeats)
+      t_decode = _time(lambda: decode.decode_loop(dims, plan, params, cache, logits, new_tokens, 0.0,
                                                      jnp.int32(prompt_len), key), repeats)
-      nbytes = do_decode.cache_bytes(cache)
+      nbytes = decode.cache_bytes(cache)
       kv, slots = nbytes["persistent"] + nbytes["ring"], total
       layers_cached = dims.n_layers
     counts = family.param_counts()

@@ -158,15 +158,27 @@ class Attention(nn.Module):
   def output(self, o_BSHD):
     return jnp.einsum("bshk,hkd->bsd", o_BSHD, self.wo.astype(o_BSHD.dtype))
 
-  def __call__(self, x_BSD, rule: masks.Rule, slots: attention.Slots):
-    """Self-attention of a stream under `rule`; RoPE positions are the slots' `tok`."""
-    q = self.project_q(x_BSD, slots.layout.tok)
-    k, v = self.project_kv(x_BSD, slots.layout.tok)
-    constrain = lambda t: nn.with_logical_constraint(t, ("batch", "length", "heads", "head_dim"))
-    o = attention.attend(constrain(q), constrain(k), constrain(v), rule, slots, slots,
-                         impl=self.dims.attention_impl, chunk_q=self.dims.attention_chunk,
-                         chunk_k=self.dims.attention_chunk)
-    return self.output(o)
+  def __call__(self, x_BSD, rule: masks.Rule, slots: attention.Slots | None, cache=None, step=None, layer=None):
+    """Self-attention of a stream under `rule`; RoPE positions are the slots' `tok`.
+
+    Without a cache: training, over `slots` (static layout + dynamic segment), returns y. With a
+    `kv_cache.KVCache`, the new slots `step` (a `kv_cache.Step`) of layer `layer` (an index,
+    traced under a scan) attend over the cached keys plus their own (`step.prefill`: over their
+    own only, through the training path with `slots`), their K/V are written, and the result
+    is `(cache, y)` (Flax gemma's cached attention), with the same parameters."""
+    tok = slots.layout.tok if step is None else step.tok
+    q = self.project_q(x_BSD, tok)
+    k, v = self.project_kv(x_BSD, tok)
+    if cache is None or step.prefill:
+      constrain = lambda t: nn.with_logical_constraint(t, ("batch", "length", "heads", "head_dim"))
+      o = attention.attend(constrain(q), constrain(k), constrain(v), rule, slots, slots,
+                           impl=self.dims.attention_impl, chunk_q=self.dims.attention_chunk,
+                           chunk_k=self.dims.attention_chunk)
+    else:
+      o = cache.attend(q, k, v, rule, step, layer)
+    if cache is None:
+      return self.output(o)
+    return cache.write_kv(layer, k, v, step), self.output(o)
 
 
 class SwiGLU(nn.Module):
@@ -187,19 +199,24 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-  """Pre-norm residual block: x + Attn(RMSNorm(x)); x + MLP(RMSNorm(x))."""
+  """Pre-norm residual block: x + Attn(RMSNorm(x)); x + MLP(RMSNorm(x)). With a cache (see
+  `Attention`) it returns `(cache, x)`."""
 
   dims: Dims
   rule: masks.Rule
-  layout: masks.Layout  # static slot metadata; the dynamic fields come as arrays (remat-able)
+  layout: masks.Layout | None  # static slot metadata (None: a cached decode step, metadata in `step`)
 
   @nn.compact
-  def __call__(self, x_BSD, segment=None, block=None):
-    slots = attention.Slots(self.layout, segment=segment, block=block)
-    x_BSD = x_BSD + Attention(self.dims, name="attn")(RMSNorm(self.dims.norm_eps, name="attn_norm")(x_BSD),
-                                                      self.rule, slots)
+  def __call__(self, x_BSD, segment=None, block=None, cache=None, step=None, layer=None):
+    slots = None if self.layout is None else attention.Slots(self.layout, segment=segment, block=block)
+    a = Attention(self.dims, name="attn")(RMSNorm(self.dims.norm_eps, name="attn_norm")(x_BSD), self.rule, slots,
+                                          cache=cache, step=step, layer=layer)
+    if cache is not None:
+      cache, a = a
+    x_BSD = x_BSD + a
     x_BSD = x_BSD + SwiGLU(self.dims, name="mlp")(RMSNorm(self.dims.norm_eps, name="mlp_norm")(x_BSD))
-    return nn.with_logical_constraint(x_BSD, ("batch", "length", "act_embed"))
+    x_BSD = nn.with_logical_constraint(x_BSD, ("batch", "length", "act_embed"))
+    return x_BSD if cache is None else (cache, x_BSD)
 
 
 def remat_policy(name: str):
@@ -207,11 +224,16 @@ def remat_policy(name: str):
 
 
 class ScannedBlock(Block):
-  """A Block as the body of `nn.scan`: (carry, broadcast inputs) -> (carry, None)."""
+  """A Block as the body of `nn.scan`: (carry, broadcast inputs[, layer index]) -> (carry, None);
+  the carry is x, or (x, cache) for a cached call."""
 
   @nn.compact
-  def __call__(self, x_BSD, segment=None, block=None):
-    return super().__call__(x_BSD, segment, block), None
+  def __call__(self, carry, segment=None, block=None, step=None, layer=None):
+    if step is None:
+      return super().__call__(carry, segment, block), None
+    x_BSD, cache = carry
+    cache, x_BSD = super().__call__(x_BSD, segment, block, cache=cache, step=step, layer=layer)
+    return (x_BSD, cache), None
 
 
 class Stack(nn.Module):
@@ -228,8 +250,27 @@ class Stack(nn.Module):
   n_layers: int | None = None  # defaults to dims.n_layers (the double decoder splits them)
 
   @nn.compact
-  def __call__(self, x_BSD, slots: attention.Slots):
+  def __call__(self, x_BSD, slots: attention.Slots | None, cache=None, step=None):
+    """Training: `slots` -> final-normed x. Cached (`cache`, `step`: see `Attention`; `slots`
+    for a prefill, else None): -> (cache with the step's K/V and metadata, final-normed x). A
+    cached call runs without remat; scanned, it is one layer body with the cache in the carry
+    (written in place) and the layer index as the scanned input."""
     n = self.n_layers or self.dims.n_layers
+    layout = None if slots is None else slots.layout
+    segment = None if slots is None else slots.segment
+    blk = None if slots is None else slots.block
+    if cache is not None:
+      if self.dims.scan_layers:
+        scan = nn.scan(ScannedBlock, variable_axes={"params": 0}, split_rngs={"params": True},
+                       in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0), length=n,
+                       metadata_params={nn.PARTITION_NAME: "layers"})
+        (x_BSD, cache), _ = scan(self.dims, self.rule, layout, name="layers")(
+            (x_BSD, cache), segment, blk, step, jnp.arange(n, dtype=jnp.int32))
+      else:
+        for i in range(n):
+          cache, x_BSD = Block(self.dims, self.rule, layout, name=f"block_{i}")(x_BSD, segment, blk, cache=cache,
+                                                                                 step=step, layer=i)
+      return cache.commit(step), RMSNorm(self.dims.norm_eps, name="final_norm")(x_BSD)
     remat = self.dims.remat != "none"
     if self.dims.scan_layers:
       body = ScannedBlock
@@ -238,11 +279,11 @@ class Stack(nn.Module):
       scan = nn.scan(body, variable_axes={"params": 0}, split_rngs={"params": True},
                      in_axes=(nn.broadcast, nn.broadcast), length=n,
                      metadata_params={nn.PARTITION_NAME: "layers"})
-      x_BSD, _ = scan(self.dims, self.rule, slots.layout, name="layers")(x_BSD, slots.segment, slots.block)
+      x_BSD, _ = scan(self.dims, self.rule, layout, name="layers")(x_BSD, segment, blk)
     else:
       block_cls = nn.remat(Block, policy=remat_policy(self.dims.remat), static_argnums=()) if remat else Block
       for i in range(n):
-        x_BSD = block_cls(self.dims, self.rule, slots.layout, name=f"block_{i}")(x_BSD, slots.segment, slots.block)
+        x_BSD = block_cls(self.dims, self.rule, layout, name=f"block_{i}")(x_BSD, segment, blk)
     return RMSNorm(self.dims.norm_eps, name="final_norm")(x_BSD)
 
 
@@ -251,6 +292,17 @@ def layer_params(stack_params, i: int):
   if "layers" in stack_params:
     return jax.tree.map(lambda a: a[i], stack_params["layers"])
   return stack_params[f"block_{i}"]
+
+
+def scanned_params(stack_params, n_layers: int):
+  """A Stack's parameters in the scanned form (`layers`, stacked on axis 0), from either form:
+  decoders run every trunk as one scanned layer body (one compile) without changing the stored
+  tree."""
+  if "layers" in stack_params:
+    return stack_params
+  blocks = [stack_params[f"block_{i}"] for i in range(n_layers)]
+  rest = {k: v for k, v in stack_params.items() if not k.startswith("block_")}
+  return {**rest, "layers": jax.tree.map(lambda *a: jnp.stack(a), *blocks)}
 
 
 def next_token_targets(batch: dict[str, Any]):

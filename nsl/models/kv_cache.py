@@ -1,0 +1,135 @@
+"""The one KV cache of every cached decoder, read and written inside `layers.Attention`.
+
+`layers.Attention`, `Block` and `Stack` take an optional `(cache, step)` and then return
+`(cache, y)` (Flax gemma's `(x, cache) -> (cache, y)`): one path, one parameter tree, for
+training (no cache), prefill and decode (DESIGN "Families share one trunk"). A *step* describes
+the new slots of one call: their per-slot metadata (`pos`, `tok`, `kind`, `segment`, as in
+`nsl.masks`) and the cache entry each one is written to.
+
+Layout of the cache, per layer and row (REFERENCES §1 "KV cache" of SPS): the first
+`n_persistent` entries hold persistent slots in token order (slot r of token t at `t·P + r`,
+P = persistent slots per token), then a **ring** of `ring` = w entries holding the temporary slot
+of the last w tokens (token t at `n_persistent + t mod w`). A query at token t sees temporary keys
+of tokens t-w..t, of which t itself is among the new slots, so w past tokens suffice and older
+ones are overwritten. Per-slot metadata lives beside the K/V: `pos`, `tok`, `kind` [S] and
+`segment` [B, S] (the document id; `EMPTY` where nothing was written), so visibility in decode
+is the family's `masks.Rule`, evaluated by `attention.attend_dense` exactly as in training.
+
+Reads see the cache as it was before the step plus the step's own K/V; entries of tokens at or
+after the step's first token are stale (a self-speculative round's rejected drafts) and masked.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from nsl import attention, masks
+
+EMPTY = -1  # segment of an unwritten entry: equal to no query's document id (those are >= 0)
+
+
+@flax.struct.dataclass
+class Step:
+  """The new slots of one cached call: metadata [S] (segment [B, S]) and cache entries `write`
+  [S] (out of range = not kept). `prefill`: nothing in the cache is visible to these slots (a
+  prompt into an empty cache), so they attend among themselves with `attention.attend` under a
+  static layout, the training path."""
+
+  pos: jax.Array
+  tok: jax.Array
+  kind: jax.Array
+  segment: jax.Array
+  write: jax.Array
+  prefill: bool = flax.struct.field(pytree_node=False, default=False)
+
+  def fields(self) -> dict[str, jax.Array]:
+    return {"pos": self.pos, "tok": self.tok, "kind": self.kind, "segment": self.segment}
+
+
+@flax.struct.dataclass
+class KVCache:
+  """K/V [L, B, S, H, Dh] of every layer and the per-slot metadata (module docstring)."""
+
+  k: jax.Array
+  v: jax.Array
+  pos: jax.Array  # [S]
+  tok: jax.Array  # [S]
+  kind: jax.Array  # [S]
+  segment: jax.Array  # [B, S]; EMPTY = never written
+  kinds: tuple[int, ...] = flax.struct.field(pytree_node=False, default=(masks.PERSISTENT,))
+  ring: int = flax.struct.field(pytree_node=False, default=0)
+
+  @staticmethod
+  def create(dims, batch: int, max_tokens: int, kinds=(masks.PERSISTENT,), ring: int = 0) -> "KVCache":
+    """An empty cache for `max_tokens` tokens whose slot groups have `kinds` (one per slot;
+    at most one temporary slot, kept in a ring of `ring` tokens)."""
+    kinds = tuple(int(k) for k in kinds)
+    n_temp = sum(k == masks.TEMPORARY for k in kinds)
+    if n_temp > 1 or (ring and not n_temp):
+      raise ValueError(f"kinds {kinds} with ring {ring}: at most one temporary slot per token, and a ring only with one")
+    s = (len(kinds) - n_temp) * max_tokens + ring
+    shape = (dims.n_layers, batch, s, dims.n_heads, dims.head_dim)
+    zeros = lambda *sh: jnp.zeros(sh, jnp.int32)
+    return KVCache(k=jnp.zeros(shape, dims.compute_dtype), v=jnp.zeros(shape, dims.compute_dtype),
+                   pos=zeros(s), tok=zeros(s), kind=zeros(s), segment=jnp.full((batch, s), EMPTY, jnp.int32),
+                   kinds=kinds, ring=int(ring))
+
+  @property
+  def size(self) -> int:
+    return int(self.k.shape[2])
+
+  @property
+  def n_persistent(self) -> int:
+    return self.size - self.ring
+
+  def step(self, pos, tok, kind, segment, prefill: bool = False) -> Step:
+    """The Step of new slots with metadata `pos`, `tok`, `kind` [S] and `segment` [B, S]
+    (`pos = G·tok + j` for slot j of a token's group, `masks.Layout.grouped`): where each one
+    is written. A temporary slot is kept only if its token is among the step's last `ring`."""
+    g = len(self.kinds)
+    pos, tok, kind = (jnp.asarray(a, jnp.int32) for a in (pos, tok, kind))
+    rank = jnp.asarray(np.maximum(np.cumsum(np.asarray(self.kinds) == masks.PERSISTENT) - 1, 0), jnp.int32)
+    n_pers = sum(k == masks.PERSISTENT for k in self.kinds)
+    at_p = tok * n_pers + rank[pos - g * tok]
+    at_p = jnp.where(at_p < self.n_persistent, at_p, self.size)  # past the end: not kept
+    # A temporary slot outside the ring (w = 0: never seen again; or an older token of a long
+    # step) gets an out-of-range index, so no two new slots write one entry.
+    kept = tok > jnp.max(tok) - self.ring
+    at_t = jnp.where(kept, self.n_persistent + tok % max(self.ring, 1), self.size)
+    write = jnp.where(kind == masks.PERSISTENT, at_p, at_t)
+    return Step(pos=pos, tok=tok, kind=kind, segment=jnp.asarray(segment, jnp.int32), write=write, prefill=prefill)
+
+  def attend(self, q, k_new, v_new, rule: masks.Rule, step: Step, layer):
+    """Attention of the step's queries [B, Sq, H, Dh] over layer `layer`'s cached keys plus the
+    step's own K/V, under `rule` on explicit per-slot fields (positions are dynamic here)."""
+    stale = self.tok[None, :] >= jnp.min(step.tok)
+    k_fields = {"pos": jnp.concatenate([self.pos, step.pos]), "tok": jnp.concatenate([self.tok, step.tok]),
+                "kind": jnp.concatenate([self.kind, step.kind]),
+                "segment": jnp.concatenate([jnp.where(stale, EMPTY, self.segment), step.segment], axis=1)}
+    keys = jnp.concatenate([self.k[layer], k_new.astype(self.k.dtype)], axis=1)
+    values = jnp.concatenate([self.v[layer], v_new.astype(self.v.dtype)], axis=1)
+    out, _ = attention.attend_dense(q, keys.astype(q.dtype), values.astype(q.dtype), rule, step.fields(), k_fields)
+    return out
+
+  def write_kv(self, layer, k_new, v_new, step: Step) -> "KVCache":
+    """Writes one layer's new K/V [B, S, H, Dh] at `step.write` (indices out of range dropped).
+    The layer index and the slot indices are advanced indices, so the update is [S, B, H, Dh]."""
+    put = lambda c, x: c.at[layer, :, step.write].set(jnp.swapaxes(x, 0, 1).astype(c.dtype), mode="drop")
+    return self.replace(k=put(self.k, k_new), v=put(self.v, v_new))
+
+  def commit(self, step: Step) -> "KVCache":
+    """Writes the step's metadata (after every layer has written its K/V)."""
+    put = lambda c, x: c.at[step.write].set(x, mode="drop")
+    return self.replace(pos=put(self.pos, step.pos), tok=put(self.tok, step.tok), kind=put(self.kind, step.kind),
+                        segment=self.segment.at[:, step.write].set(step.segment, mode="drop"))
+
+  def nbytes(self) -> dict[str, int]:
+    """Bytes allocated: K/V of the persistent part, of the ring, and the slot metadata."""
+    per_entry = 2 * self.k.size // self.size * self.k.dtype.itemsize  # K and V of one entry
+    meta = sum(int(a.size * a.dtype.itemsize) for a in (self.pos, self.tok, self.kind, self.segment))
+    out = {"persistent": self.n_persistent * per_entry, "ring": self.ring * per_entry, "metadata": meta}
+    out["total"] = sum(out.values())
+    return out
