@@ -76,7 +76,7 @@ import jax.numpy as jnp
 
 from nsl import attention, masks
 from nsl.errors import ConfigError
-from nsl.models import layers
+from nsl.models import kv_cache, layers
 from nsl.models.family import Family, train_flops_per_token
 from nsl.models.transformer import standard_rule
 
@@ -260,48 +260,22 @@ class LiftLM(nn.Module):
 
 
 # -- KV-cache inference with own-state feedback -------------------------------------------------
-def _sub(params, *path):
-  for p in path:
-    params = params[p]
-  return {"params": params}
+def _cached_step(dims: layers.Dims, model: LiftLM, params, cache, tok_B, fed_BD, t, seg_BT):
+  """Position t of every row through the shared cached trunk (`nsl.decode.trunk`, the model's
+  `layers.Stack` with a `kv_cache.KVCache`); -> (logits [B, V], cache).
 
+  Visibility is the model's rule on per-slot metadata (causal, same document `seg_BT[:, t]`, the
+  persistent window when set), exactly the parallel forward's. RoPE positions are row positions
+  as in the parallel forward; attention only sees their differences, so a document's logits do
+  not depend on where it starts in the row."""
+  from nsl import decode
 
-def _cached_step(dims: layers.Dims, model: LiftLM, params, cache, tok_B, fed_BD, t, seg_BK, window=None):
-  """One position through the trunk with the K/V cache [L, 2, B, Tmax, H, Dh]; -> logits [B, V].
-
-  Position t sees the cached keys k <= t of its own document (`seg_BK[:, k] == seg_BK[:, t]`;
-  within `window` positions when set), exactly the parallel forward's rule (causal, same
-  segment, persistent window). RoPE positions are row positions as in the parallel forward;
-  attention only sees their differences, so a document's logits do not depend on where it
-  starts in the row."""
   x = model.apply({"params": params}, tok_B[:, None], None if fed_BD is None else fed_BD[:, None], method=LiftLM.embed)
-  pos = jnp.reshape(t, (1,))
-  attn_mod, norm, mlp = layers.Attention(dims), layers.RMSNorm(dims.norm_eps), layers.SwiGLU(dims)
-  tmax = cache.shape[3]
-  zero, t32 = jnp.zeros((), jnp.int32), jnp.asarray(t, jnp.int32)
-  keys = jnp.arange(tmax)
-  vis_BK = (keys <= t)[None, :] & (seg_BK == jax.lax.dynamic_index_in_dim(seg_BK, t, axis=1, keepdims=True))
-  if window is not None:
-    vis_BK = vis_BK & (t - keys <= window)[None, :]
-  for i in range(dims.n_layers):
-    b = ("trunk", f"block_{i}")
-    h = norm.apply(_sub(params, *b, "attn_norm"), x)
-    q = attn_mod.apply(_sub(params, *b, "attn"), h, pos, method=layers.Attention.project_q)
-    k, v = attn_mod.apply(_sub(params, *b, "attn"), h, pos, method=layers.Attention.project_kv)
-    # Whole-array updates keep the scan-carried cache in place (restacking it copied the whole
-    # cache at every position).
-    for j, new in enumerate((k, v)):
-      at = (jnp.int32(i), jnp.int32(j), zero, t32, zero, zero)
-      cache = jax.lax.dynamic_update_slice(cache, new[None, None].astype(cache.dtype), at)
-    kc, vc = cache[i, 0], cache[i, 1]
-    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), kc.astype(jnp.float32)) / math.sqrt(dims.head_dim)
-    s = jnp.where(vis_BK[:, None, None, :], s, -jnp.inf)
-    o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), vc.astype(jnp.float32)).astype(x.dtype)
-    x = x + attn_mod.apply(_sub(params, *b, "attn"), o, method=layers.Attention.output)
-    x = x + mlp.apply(_sub(params, *b, "mlp"), norm.apply(_sub(params, *b, "mlp_norm"), x))
-  x = norm.apply(_sub(params, "trunk", "final_norm"), x)
-  logits = model.apply({"params": params}, x, method=LiftLM.logits)[:, 0]
-  return logits, cache
+  t1 = jnp.reshape(jnp.asarray(t, jnp.int32), (1,))
+  seg_B1 = jax.lax.dynamic_slice_in_dim(seg_BT, t, 1, axis=1)
+  step = cache.step(t1, t1, jnp.full((1,), masks.PERSISTENT, jnp.int32), seg_B1)
+  cache, h = decode.trunk(dims, model.rule, params, x, cache, step)
+  return model.apply({"params": params}, h, method=LiftLM.logits)[:, 0], cache
 
 
 def _own_state_scan(dims, spec, model, params, tokens_BT, choose_token=None, feed: str = "own", segment_BT=None):
@@ -309,11 +283,10 @@ def _own_state_scan(dims, spec, model, params, tokens_BT, choose_token=None, fee
   first position of every document (a change of `segment_BT`, default one document per row) is
   fed the learned initial state (own) or b and sees only its own document's cache."""
   B, T = tokens_BT.shape
-  cache = jnp.zeros((dims.n_layers, 2, B, T, dims.n_heads, dims.head_dim), dims.compute_dtype)
+  cache = kv_cache.KVCache.create(dims, B, T)
   seg = jnp.ones((B, T), jnp.int32) if segment_BT is None else jnp.asarray(segment_BT, jnp.int32)
   p = params
   d = dims.d_model
-  window = model.rule.persistent_window
 
   def se_of(probs_BV):
     return jnp.einsum("bv,vd->bd", probs_BV, p["embed"]["embedding"].astype(jnp.float32))
@@ -329,7 +302,7 @@ def _own_state_scan(dims, spec, model, params, tokens_BT, choose_token=None, fee
     seg_t = jax.lax.dynamic_index_in_dim(seg, t, axis=1, keepdims=False)
     seg_prev = jax.lax.dynamic_index_in_dim(seg, jnp.maximum(t - 1, 0), axis=1, keepdims=False)
     fed = jnp.where(((t == 0) | (seg_t != seg_prev))[:, None], first, fed)
-    logits, cache = _cached_step(dims, model, p, cache, tok, fed if spec.has_channel else None, t, seg, window)
+    logits, cache = _cached_step(dims, model, p, cache, tok, fed if spec.has_channel else None, t, seg)
     if spec.has_channel:
       fed = (se_of(state_from_logits(logits, spec.top_k, spec.temperature)) if feed == "own"
              else jnp.broadcast_to(p["state_bias"].astype(jnp.float32), (B, d)))
