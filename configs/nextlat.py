@@ -18,25 +18,13 @@ These replace configs/NAME.py; the old paths still resolve here (nsl.config.MOVE
 import ml_collections
 
 from configs import base, tiny
+from nsl.models.latent_spec import mtp_section, nextlat_section  # the options' defaults live there
 
 ARGS = ("nextlat_tiny", "nextlat_countdown", "nextlat_path_star", "gpt_countdown", "gpt_path_star",
         "mtp_tiny", "mtp_path_star")
 PATH_STAR_D, PATH_STAR_L = 2, 5
 PATH_STAR_N_TRAIN, PATH_STAR_N_TEST = 20_000, 1_000
 COUNTDOWN_N_TRAIN, COUNTDOWN_N_TEST = 50_000, 1_000
-
-
-def nextlat_section(lambda_h=1.0, lambda_kl=1.0, horizon=2, hidden=384, draft_len=4, emb_grad=False):
-  """config.model.nextlat (REFERENCES §4): loss weights, rollout horizon d, dynamics MLP width,
-  self-speculative draft length."""
-  n = ml_collections.ConfigDict()
-  n.lambda_h = lambda_h
-  n.lambda_kl = lambda_kl
-  n.horizon = horizon
-  n.hidden = hidden
-  n.draft_len = draft_len
-  n.emb_grad = emb_grad  # L_next-h also trains the (tied) token embedding fed to the dynamics model
-  return n
 
 
 def path_star_data(c: ml_collections.ConfigDict, d: int = PATH_STAR_D, l: int = PATH_STAR_L,
@@ -118,8 +106,7 @@ def mtp_tiny():
   c = tiny.get_config()
   c.family = "mtp"
   c.model.variant = "mtp"
-  c.model.mtp = ml_collections.ConfigDict()
-  c.model.mtp.horizon = 4
+  c.model.mtp = mtp_section(horizon=4)
   c.data.answer_token = -1
   return c
 
@@ -149,7 +136,7 @@ def mtp_path_star():
   c.family = "mtp"
   c.model.variant = "mtp"
   del c.model["nextlat"]
-  c.model.mtp = ml_collections.ConfigDict({"horizon": 2})
+  c.model.mtp = mtp_section(horizon=2)
   return c
 
 

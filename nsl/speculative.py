@@ -47,7 +47,7 @@ class Decoder:
       raise ValueError(f"self-speculative decoding needs a nextlat model with a dynamics model, "
                        f"got family {family.name!r} variant {family.config.model.variant!r}")
     self.family, self.params, self.dims = family, params, family.dims
-    self.k = int(draft_len if draft_len is not None else family.config.model.nextlat.draft_len)
+    self.k = int(draft_len if draft_len is not None else family.spec.draft_len)  # NextLatSpec
     self.temperature = float(temperature)
     model, dims, k, temp = family.model, self.dims, self.k, self.temperature
     plan = decode.plan_for(family)

@@ -39,7 +39,8 @@ head 1 is the plain tied head (next token), head i ≥ 2 is a residual GELU MLP 
 then the tied head, predicting token t+i; loss = mean over heads of their masked CE.
 
 Config (`config.model.nextlat`): lambda_h, lambda_kl, horizon d, hidden (MLP width), draft_len
-(self-speculative decoding, nsl/speculative.py). `config.model.mtp.horizon`.
+(self-speculative decoding, nsl/speculative.py). `config.model.mtp.horizon`. Their defaults and
+checks live in nsl/models/latent_spec.py (`NextLatSpec`, `MTPSpec`).
 """
 
 from __future__ import annotations
@@ -52,9 +53,9 @@ import jax.numpy as jnp
 import optax
 
 from nsl import attention, masks
-from nsl.errors import ConfigError
 from nsl.models import layers
 from nsl.models.family import Family, train_flops_per_token
+from nsl.models.latent_spec import MTPSpec, NextLatSpec, answer_token
 from nsl.models.transformer import standard_rule
 
 sg = jax.lax.stop_gradient
@@ -243,7 +244,7 @@ class LatentFamily(Family):
 
   @property
   def answer_token(self) -> int:
-    return int(self.config.data.get("answer_token", -1))
+    return answer_token(self.config)
 
   def model_inputs(self, batch):
     inputs, _, seg_in, _ = layers.next_token_targets(batch)
@@ -265,33 +266,26 @@ class NextLatFamily(LatentFamily):
   @classmethod
   def validate(cls, config) -> None:
     super().validate(config)
-    n = config.model.get("nextlat")
-    if n is None:
-      raise ConfigError("config.model.nextlat is missing; start from configs/nextlat_tiny.py")
-    for field in ("horizon", "hidden"):
-      if int(n[field]) < 1:
-        raise ConfigError(f"config.model.nextlat.{field}={n[field]} must be >= 1")
-    for field in ("lambda_h", "lambda_kl"):
-      if float(n[field]) < 0:
-        raise ConfigError(f"config.model.nextlat.{field}={n[field]} must be >= 0")
-    if int(n.get("draft_len", 1)) < 1:
-      raise ConfigError(f"config.model.nextlat.draft_len={n.draft_len} must be >= 1")
+    NextLatSpec.from_config(config)  # every config.model.nextlat option, checked there
+
+  @property
+  def spec(self) -> NextLatSpec:
+    return NextLatSpec.from_config(self.config)
 
   @property
   def horizon(self) -> int:
-    return int(self.config.model.nextlat.horizon)
+    return self.spec.horizon
 
   def make_model(self):
     kind = "nextlat" if self.variant == "nextlat" else "gpt"
-    n = self.config.model.nextlat
-    return LatentLM(self.dims, self.rule, kind=kind, dyn_hidden=int(n.hidden), horizon=int(n.horizon),
-                    emb_grad=bool(n.get("emb_grad", False)))
+    n = self.spec
+    return LatentLM(self.dims, self.rule, kind=kind, dyn_hidden=n.hidden, horizon=n.horizon, emb_grad=n.emb_grad)
 
   def loss(self, params, batch, rng, step):
     inputs, targets, seg_in, weights = task_targets(batch, self.answer_token)
-    n = self.config.model.nextlat
-    return self.model.apply({"params": params}, inputs, targets, seg_in, weights, float(n.lambda_h),
-                            float(n.lambda_kl), method="losses")
+    n = self.spec
+    return self.model.apply({"params": params}, inputs, targets, seg_in, weights, n.lambda_h, n.lambda_kl,
+                            method="losses")
 
   def flops_per_token(self) -> float:
     """Trunk as the standard family; plus per rollout step two dynamics passes (the L_next-h one
@@ -303,7 +297,7 @@ class NextLatFamily(LatentFamily):
     base = train_flops_per_token(counts["params_total"], pairs / t, self.dims.n_layers, self.dims.d_model)
     if self.variant == "gpt":
       return base
-    d, h = self.dims.d_model, int(self.config.model.nextlat.hidden)
+    d, h = self.dims.d_model, self.spec.hidden
     dyn = 2 * d * h + h * h + h * d
     head = self.dims.vocab_size * d
     return base + self.horizon * (2 * 6.0 * dyn + 8.0 * head)
@@ -319,13 +313,11 @@ class MTPFamily(LatentFamily):
   @classmethod
   def validate(cls, config) -> None:
     super().validate(config)
-    m = config.model.get("mtp")
-    if m is None or int(m.horizon) < 1:
-      raise ConfigError("config.model.mtp.horizon must be >= 1; start from configs/mtp_tiny.py")
+    MTPSpec.from_config(config)  # config.model.mtp, checked there
 
   @property
   def horizon(self) -> int:
-    return int(self.config.model.mtp.horizon)
+    return MTPSpec.from_config(self.config).horizon
 
   def make_model(self):
     return LatentLM(self.dims, self.rule, kind="mtp", horizon=self.horizon)

@@ -1,0 +1,99 @@
+"""The options of the latent families (nsl/models/nextlat.py: NextLat, its GPT baseline, MTP) in
+one home, the LiftSpec pattern (issue #18): each option's default declared here beside it, read
+from the config once (`from_config`) and checked there, so no config file carries defaults and
+no family reads a field with its own `.get(field, default)`.
+
+Where they live in a config is unchanged, so every config (and grid run id) stays as it was:
+`config.model.nextlat` (REFERENCES §4: loss weights λ_h, λ_KL, rollout horizon d, dynamics MLP
+width, self-speculative draft length, whether L_next-h trains the tied embedding),
+`config.model.mtp` (the number of heads d) and `config.data.answer_token` (prompt masking).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from nsl.errors import ConfigError
+
+NO_PROMPT_MASKING = -1  # data.answer_token: every next-token target counts (plain text)
+
+
+def answer_token(config) -> int:
+  """`data.answer_token` A: targets count only from A on within a document (-1: all of them)."""
+  return int(config.data.get("answer_token", NO_PROMPT_MASKING))
+
+
+def _read(cls, section, where: str):
+  """`cls` built from a config section: each field cast to its default's type, unknown fields refused."""
+  names = [f.name for f in dataclasses.fields(cls)]
+  unknown = sorted(set(section) - set(names))
+  if unknown:
+    raise ConfigError(f"config.{where}.{unknown[0]} is not an option; the options are {', '.join(names)}")
+  defaults, values = cls(), {}
+  for name in names:
+    if name in section:
+      kind = type(getattr(defaults, name))
+      try:
+        values[name] = kind(section[name])
+      except (TypeError, ValueError):
+        what = {int: "an integer", float: "a number", bool: "true or false"}.get(kind, kind.__name__)
+        raise ConfigError(f"config.{where}.{name}={section[name]!r} must be {what}") from None
+  return cls(**values)
+
+
+def _at_least(where: str, spec, fields: tuple[str, ...], minimum) -> None:
+  for name in fields:
+    if getattr(spec, name) < minimum:
+      raise ConfigError(f"config.{where}.{name}={getattr(spec, name)} must be >= {minimum}")
+
+
+@dataclasses.dataclass(frozen=True)
+class NextLatSpec:
+  """`config.model.nextlat` (REFERENCES §4)."""
+
+  lambda_h: float = 1.0  # weight of L_next-h (the dynamics model's next-hidden-state loss)
+  lambda_kl: float = 1.0  # weight of L_KL (the frozen head's read of the predicted states)
+  horizon: int = 2  # rollout steps d
+  hidden: int = 384  # dynamics MLP width
+  draft_len: int = 4  # tokens drafted per self-speculative step (nsl/speculative.py)
+  emb_grad: bool = False  # L_next-h also trains the (tied) token embedding fed to the dynamics model
+
+  @staticmethod
+  def from_config(config) -> "NextLatSpec":
+    section = config.model.get("nextlat")
+    if section is None:
+      raise ConfigError("config.model.nextlat is missing; start from configs/nextlat.py:tiny or add "
+                        "`c.model.nextlat = nsl.models.latent_spec.nextlat_section()`")
+    spec = _read(NextLatSpec, section, "model.nextlat")
+    _at_least("model.nextlat", spec, ("horizon", "hidden", "draft_len"), 1)
+    _at_least("model.nextlat", spec, ("lambda_h", "lambda_kl"), 0)
+    return spec
+
+
+@dataclasses.dataclass(frozen=True)
+class MTPSpec:
+  """`config.model.mtp` (REFERENCES §4 baselines): d heads, next token and the d - 1 after it."""
+
+  horizon: int = 2
+
+  @staticmethod
+  def from_config(config) -> "MTPSpec":
+    section = config.model.get("mtp")
+    if section is None:
+      raise ConfigError("config.model.mtp is missing; start from configs/nextlat.py:mtp_tiny or add "
+                        "`c.model.mtp = nsl.models.latent_spec.mtp_section(horizon=D)`")
+    spec = _read(MTPSpec, section, "model.mtp")
+    _at_least("model.mtp", spec, ("horizon",), 1)
+    return spec
+
+
+def nextlat_section(**options) -> ml_collections.ConfigDict:
+  """`config.model.nextlat` with every option: the defaults above, `options` changing some."""
+  return ml_collections.ConfigDict(dataclasses.asdict(NextLatSpec(**options)))
+
+
+def mtp_section(**options) -> ml_collections.ConfigDict:
+  """`config.model.mtp` with every option."""
+  return ml_collections.ConfigDict(dataclasses.asdict(MTPSpec(**options)))
