@@ -30,6 +30,7 @@ the trunk's (init std / sqrt(m), Adam LR / m); ComboAttention's queries come fro
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import flax.linen as nn
@@ -250,11 +251,29 @@ class DoubleDecoder(nn.Module):
 # ----------------------------------------------------------------------------- family
 
 
+CROSS_KV = ("shared", "separate")
+
+
+@dataclasses.dataclass(frozen=True)
+class DDSpec:
+  """The double decoder's options with their defaults, read once from the loose `config.model`
+  fields the configs set (configs/dd.py) and checked in `DoubleDecoderFamily.validate`."""
+
+  gen_layers: int | None = None  # generation-decoder layers; None = model.n_layers // 3 (2:1)
+  dd_cross_kv: str = "shared"  # CROSS_KV: the cross K/V reuse the self K/V projections, or own ones
+
+  @staticmethod
+  def from_config(config) -> "DDSpec":
+    m, d = config.model, DDSpec()
+    gen = m.get("gen_layers", d.gen_layers)
+    return DDSpec(gen_layers=None if gen is None else int(gen), dd_cross_kv=str(m.get("dd_cross_kv", d.dd_cross_kv)))
+
+
 def split_layers(config) -> tuple[int, int]:
   """(context layers, generation layers) from model.n_layers (total) and model.gen_layers."""
   total = int(config.model.n_layers)
-  gen = config.model.get("gen_layers")
-  gen = total // 3 if gen is None else int(gen)
+  gen = DDSpec.from_config(config).gen_layers
+  gen = total // 3 if gen is None else gen
   return total - gen, gen
 
 
@@ -268,18 +287,19 @@ class DoubleDecoderFamily(Family):
   def validate(cls, config) -> None:
     super().validate(config)
     ctx, gen = split_layers(config)
+    spec = DDSpec.from_config(config)
     if gen < 1 or ctx < 1:
-      raise ConfigError(f"config.model.gen_layers={config.model.get('gen_layers')} must be in "
+      raise ConfigError(f"config.model.gen_layers={spec.gen_layers} must be in "
                         f"[1, model.n_layers-1={config.model.n_layers - 1}]")
-    if config.model.get("dd_cross_kv", "shared") not in ("shared", "separate"):
-      raise ConfigError(f"config.model.dd_cross_kv={config.model.dd_cross_kv!r} must be 'shared' or 'separate'")
+    if spec.dd_cross_kv not in CROSS_KV:
+      raise ConfigError(f"config.model.dd_cross_kv={spec.dd_cross_kv!r} must be 'shared' or 'separate'")
     if config.data.seq_len < MAX_BOUNDARIES + 4:
       raise ConfigError(f"config.data.seq_len={config.data.seq_len} is too short for block sampling "
                         f"(need >= {MAX_BOUNDARIES + 4})")
 
   @property
   def separate_cross_kv(self) -> bool:
-    return self.config.model.get("dd_cross_kv", "shared") == "separate"
+    return DDSpec.from_config(self.config).dd_cross_kv == "separate"
 
   def make_model(self):
     ctx, gen = split_layers(self.config)

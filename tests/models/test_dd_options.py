@@ -1,11 +1,13 @@
-"""SED's options in one home (`nsl.models.sed.SEDSpec`, issue #18): defaults declared there, read
-once from the loose `config.model` fields, every bad value one ConfigError naming the field."""
+"""The options of the double-decoder paper's families in one home each (issue #18): SED's
+`nsl.models.sed.SEDSpec` and the double decoder's `nsl.models.double_decoder.DDSpec`, defaults
+declared there, read once from the loose `config.model` fields, every bad value one ConfigError."""
 
 import pytest
 
 from nsl import config as nsl_config
 from nsl.errors import ConfigError
 from nsl.models import registry
+from nsl.models.double_decoder import DDSpec
 from nsl.models.sed import SEDSpec
 
 
@@ -28,5 +30,25 @@ def test_spec_reads_the_configs_fields_and_defaults_the_missing_ones():
 ])
 def test_bad_sed_options_name_the_field(field, value, match):
   c = nsl_config.load_config("configs/dd.py:sed_tiny", [(field, value)])
+  with pytest.raises(ConfigError, match=match):
+    nsl_config.validate(c)
+
+
+def test_dd_spec_reads_the_configs_fields_and_defaults_the_missing_ones():
+  c = nsl_config.load_config("configs/dd.py:dd_tiny")
+  assert DDSpec.from_config(c) == DDSpec(gen_layers=1, dd_cross_kv="shared")
+  del c.model["gen_layers"], c.model["dd_cross_kv"]
+  assert DDSpec.from_config(c) == DDSpec()
+  family = registry.get_family(c)
+  assert not family.separate_cross_kv and family.make_model().gen_layers == 3 // 3
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("model.gen_layers", "3", r"config.model.gen_layers=3 must be in \[1, model.n_layers-1=2\]"),
+    ("model.gen_layers", "0", r"config.model.gen_layers=0 must be in"),
+    ("model.dd_cross_kv", "both", "config.model.dd_cross_kv='both' must be 'shared' or 'separate'"),
+])
+def test_bad_dd_options_name_the_field(field, value, match):
+  c = nsl_config.load_config("configs/dd.py:dd_tiny", [(field, value)])
   with pytest.raises(ConfigError, match=match):
     nsl_config.validate(c)
