@@ -172,8 +172,8 @@ class LiftSpec:
                     fusion_hidden=int(l.fusion_hidden), state_dropout=float(l.state_dropout),
                     dropout_mode=str(l.dropout_mode), adapt_fraction=float(l.adapt_fraction),
                     adapt_pass_probs=tuple(float(x) for x in l.adapt_pass_probs),
-                    adapt_seed=str(l.get("adapt_seed", "bias")), teacher=str(l.teacher),
-                    eval_feed=str(l.get("eval_feed", "own")))
+                    adapt_seed=str(l.get("adapt_seed", LiftSpec.adapt_seed)), teacher=str(l.teacher),
+                    eval_feed=str(l.get("eval_feed", LiftSpec.eval_feed)))
 
 
 def default_lift_config():
@@ -330,7 +330,7 @@ class LiftFamily(Family):
   def validate(cls, config) -> None:
     super().validate(config)
     if "lift" not in config:
-      raise ConfigError("config.lift is missing; start from configs/lift_tiny.py or add "
+      raise ConfigError("config.lift is missing; start from configs/lift.py:tiny or add "
                         "`c.lift = nsl.models.lift.default_lift_config()`")
     s = LiftSpec.from_config(config)
     if s.top_k <= 0:
