@@ -62,8 +62,9 @@ def load_cells(root: str) -> tuple[list[dict], collections.Counter]:
     if final is None or not curve:
       skipped["no validation NLL"] += 1
       continue
+    extra = {k: float(v) for k, v in result["eval"].items() if k != "val" and isinstance(v, (int, float))}
     cells.append({"run_id": cell["run_id"], "labels": labels, "seed": seed, "curve": dict(curve),
-                  "final": float(final), "params": result["params_total"], "tokens": result["tokens"],
+                  "final": float(final), "extra": extra, "params": result["params_total"], "tokens": result["tokens"],
                   "wall_s": result.get("wall_time_sec")})
   return cells, skipped
 
@@ -105,7 +106,10 @@ def summarise(cells: list[dict], baseline: tuple[str, str] | None) -> list[dict]
     mean, sd = _mean_sd([r["final"] for r in runs])
     row = {"labels": labels, "seeds": sorted(r["seed"] for r in runs), "nll_mean": mean, "nll_sd": sd,
            "params": runs[0]["params"], "tokens": runs[0]["tokens"],
-           "wall_s_mean": statistics.fmean(r["wall_s"] or 0.0 for r in runs)}
+           "wall_s_mean": statistics.fmean(r["wall_s"] or 0.0 for r in runs), "extra": {}}
+    for name in sorted(set.intersection(*(set(r["extra"]) for r in runs))):
+      m, spread = _mean_sd([r["extra"][name] for r in runs])
+      row["extra"][name] = {"mean": m, "sd": spread}
     if baseline and labels.get(baseline[0]) != baseline[1] and baseline[0] in labels:
       base_key = _key({**labels, baseline[0]: baseline[1]})
       base = {r["seed"]: r for r in arms.get(base_key, [])}
@@ -118,6 +122,10 @@ def summarise(cells: list[dict], baseline: tuple[str, str] | None) -> list[dict]
         curve = [(t, statistics.fmean(r["curve"][t] - b["curve"][t] for r, b in pairs)) for t in steps]
         row["gap_curve"] = curve
         row["catch"] = crossing(curve)
+        for name in row["extra"]:
+          diffs = [r["extra"][name] - b["extra"][name] for r, b in pairs if name in b["extra"]]
+          if len(diffs) == len(pairs):
+            row["extra"][name]["gap_mean"], row["extra"][name]["gap_sd"] = _mean_sd(diffs)
     rows.append(row)
   rows.sort(key=lambda r: [str(v) for _, v in sorted(r["labels"].items())])
   return rows
@@ -137,8 +145,20 @@ def _catch_text(c: dict | None) -> str:
   return c["kind"]
 
 
+def _extra_text(row: dict, name: str) -> str:
+  e = row["extra"].get(name)
+  if e is None:
+    return "—"
+  gap = f" ({e['gap_mean']:+.3f} ± {e['gap_sd']:.3f})" if "gap_mean" in e else ""
+  return f"{e['mean']:.3f} ± {e['sd']:.3f}{gap}"
+
+
 def markdown(rows: list[dict], axes: list[str]) -> str:
-  head = [*axes, "params", "seeds", "val NLL (mean ± sd)", "Δ vs baseline (paired)", "Δ first → last eval", "catches baseline"]
+  """One line per arm; other evaluation sets (`nsl.evals.nll --data=NAME=DIR` merges them into
+  result.json) get a column each where every seed of the arm has them."""
+  extras = sorted({name for r in rows for name in r["extra"]})
+  head = [*axes, "params", "seeds", "val NLL (mean ± sd)", "Δ vs baseline (paired)", "Δ first → last eval",
+          "catches baseline", *(f"{name} NLL (Δ)" for name in extras)]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for r in rows:
     gap = f"{r['gap_mean']:+.3f} ± {r['gap_sd']:.3f}" if "gap_mean" in r else "—"
@@ -146,7 +166,7 @@ def markdown(rows: list[dict], axes: list[str]) -> str:
     cells = [str(r["labels"].get(a, "")) for a in axes]
     lines.append("| " + " | ".join([*cells, f"{r['params'] / 1e3:.0f}k", str(len(r["seeds"])),
                                      f"{r['nll_mean']:.3f} ± {r['nll_sd']:.3f}", gap, span,
-                                     _catch_text(r.get("catch"))]) + " |")
+                                     _catch_text(r.get("catch")), *(_extra_text(r, n) for n in extras)]) + " |")
   return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ import pytest
 from nsl.scaling import study
 
 
-def _cell(root, run_id, labels, curve, status="done", batch=2, seq=8):
+def _cell(root, run_id, labels, curve, status="done", batch=2, seq=8, ood=None):
   d = os.path.join(root, run_id)
   os.makedirs(d)
   with open(os.path.join(d, "cell.json"), "w") as f:
@@ -23,7 +23,7 @@ def _cell(root, run_id, labels, curve, status="done", batch=2, seq=8):
       f.write(json.dumps({"step": step, "loss": nll + 0.1}) + "\n")
       f.write(json.dumps({"step": step, "eval_val_nll": nll}) + "\n")
   with open(os.path.join(d, "result.json"), "w") as f:
-    json.dump({"eval": {"val": curve[-1][1]}, "params_total": 1000, "tokens": curve[-1][0] * batch * seq,
+    json.dump({"eval": {"val": curve[-1][1], **({"ood": ood} if ood is not None else {})}, "params_total": 1000, "tokens": curve[-1][0] * batch * seq,
                "wall_time_sec": 1.0}, f)
 
 
@@ -32,10 +32,11 @@ def _study(tmp_path):
   steps = [10, 20, 40, 80, 160, 320]
   for s, jitter in ((0, 0.0), (1, 0.02)):
     _cell(root, f"std{s}", {"seed": f"seed{s}", "arm": "standard", "size": "d8"},
-          [(t, 5.0 - 0.5 * math.log(t) + jitter) for t in steps])
+          [(t, 5.0 - 0.5 * math.log(t) + jitter) for t in steps], ood=7.0 + jitter)
     # crosses the baseline between step 20 and 40
     _cell(root, f"sps{s}", {"seed": f"seed{s}", "arm": "sps", "size": "d8"},
-          [(t, 5.0 - 0.5 * math.log(t) + jitter + g) for t, g in zip(steps, (0.3, 0.1, -0.05, -0.1, -0.1, -0.1))])
+          [(t, 5.0 - 0.5 * math.log(t) + jitter + g) for t, g in zip(steps, (0.3, 0.1, -0.05, -0.1, -0.1, -0.1))],
+          ood=6.8 + 2 * jitter)
     # a gap closing linearly in log(tokens) that does not reach 0 in budget
     _cell(root, f"slow{s}", {"seed": f"seed{s}", "arm": "slow", "size": "d8"},
           [(t, 5.0 - 0.5 * math.log(t) + jitter + 0.4 - 0.05 * math.log2(t / 10)) for t in steps])
@@ -54,6 +55,9 @@ def test_rows_gaps_and_crossings(tmp_path):
   # tokens = step x batch 2 x seq 8
   assert sps["catch"] == {"kind": "observed", "tokens": 40 * 16}
   assert slow["catch"]["kind"] == "trend"
+  # another evaluation set: per-arm mean/sd where every seed has it, paired Δ to the baseline
+  assert sps["extra"]["ood"]["mean"] == pytest.approx(6.82) and sps["extra"]["ood"]["gap_mean"] == pytest.approx(-0.19)
+  assert sps["extra"]["ood"]["gap_sd"] == pytest.approx(0.02 / math.sqrt(2)) and slow["extra"] == {}
   # Δ = 0.4 - 0.05 log2(t/10) reaches 0 at t = 10 * 2^8 steps
   assert slow["catch"]["tokens"] == pytest.approx(10 * 2 ** 8 * 16, rel=1e-6)
 
@@ -67,7 +71,7 @@ def test_cli_table_and_plot(tmp_path, capsys):
   out = tmp_path / "s.png"
   assert study.main([f"--root={root}", f"--plot={out}", f"--json={tmp_path / 's.json'}"]) == 0
   text = capsys.readouterr().out
-  assert "| sps | d8 |" in text and "observed 640" in text and "left out: 1 running" in text
+  assert "| sps | d8 |" in text and "observed 640" in text and "ood NLL (Δ)" in text and "left out: 1 running" in text
   assert out.stat().st_size > 0
   assert len(json.loads((tmp_path / "s.json").read_text())["rows"]) == 3
 
