@@ -114,3 +114,30 @@ def test_cache_sizes(variant, window, slots):
   per_slot = 2 * fam.dims.n_layers * 2 * fam.dims.d_model * 4  # K and V, layers, rows, float32
   assert decode.cache_bytes(cache)["persistent"] + decode.cache_bytes(cache)["ring"] == slots * per_slot
   assert decode.cache_bytes(cache)["ring"] == (window or 0) * per_slot * (variant not in ("standard", "twox_memory"))
+
+
+def test_single_stream_families_share_the_standard_trunk():
+  """NextLat/MTP and LIFT subclass the standard LM: the same `embed` / `trunk` parameter tree
+  (so one cached decoder reads all of them) and the same hidden states from the same weights."""
+  import os
+
+  from nsl import config as config_lib
+  from nsl.models import transformer
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  std, params = _family("standard", None, family="standard")
+  toks = jnp.asarray(_prompt())
+  ref = std.model.apply({"params": params}, toks, jnp.ones_like(toks), method="hidden")
+  for spec in ("nextlat.py:nextlat_tiny", "nextlat.py:mtp_tiny", "lift.py:lift_tiny"):
+    c = config_lib.load_config(os.path.join(root, "configs", spec))
+    c.model.update({k: std.config.model.get(k) for k in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff",
+                                                         "mup_base_width", "window")})
+    fam = registry.get_family(c)
+    assert isinstance(fam.model, transformer.LM)
+    shapes = nn.unbox(jax.eval_shape(fam.init, jax.random.PRNGKey(0)))
+    for part in ("embed", "trunk"):
+      assert jax.tree.map(lambda s: s.shape, shapes[part]) == jax.tree.map(lambda a: a.shape, params[part])
+    if c.family == "nextlat":
+      h = fam.model.apply({"params": {**params, "dynamics": jax.tree.map(jnp.zeros_like, shapes["dynamics"])}},
+                          toks, jnp.ones_like(toks), method="hidden")
+      np.testing.assert_allclose(h, ref, atol=1e-5)

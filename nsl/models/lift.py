@@ -74,11 +74,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from nsl import attention, masks
+from nsl import masks
 from nsl.errors import ConfigError
 from nsl.models import kv_cache, layers
 from nsl.models.family import Family, train_flops_per_token
-from nsl.models.transformer import standard_rule
+from nsl.models.transformer import LM, standard_rule
 
 VARIANTS = ("lift", "lift_no_states", "distill", "lift_rnn")
 DROPOUT_MODES = ("sequence", "prefix")
@@ -208,17 +208,16 @@ class Fusion(nn.Module):
     return e_BTD + (jax.nn.silu(z @ w_gate.astype(dt)) * (z @ w_up.astype(dt))) @ w_down.astype(dt)
 
 
-class LiftLM(nn.Module):
-  """tokens [B, T], segment [B, T], fed state embeddings [B, T, D] (or None) -> logits [B, T, V]."""
+class LiftLM(LM):
+  """tokens [B, T], segment [B, T], fed state embeddings [B, T, D] (or None) -> logits [B, T, V]:
+  the standard LM (`transformer.LM`: `embed`, `trunk`, tied head) with the state channel fused
+  into its input embedding."""
 
-  dims: layers.Dims
-  rule: masks.Rule
   spec: LiftSpec
 
   def setup(self):
     d = self.dims.d_model
-    self.embedder = layers.Embedder(self.dims, name="embed")
-    self.trunk = layers.Stack(self.dims, self.rule, name="trunk")
+    super().setup()
     if self.spec.has_channel:
       self.fusion = Fusion(self.dims, self.spec.hidden(d), name="fusion")
       vec = lambda: nn.with_logical_partitioning(nn.initializers.normal(stddev=self.dims.init_std), ("embed",))
@@ -246,12 +245,7 @@ class LiftLM(nn.Module):
     return e
 
   def hidden(self, tokens_BT, segment_BT, fed_BTD=None):
-    slots = attention.Slots(masks.Layout.causal(tokens_BT.shape[1]), segment=segment_BT)
-    x = nn.with_logical_constraint(self.embed(tokens_BT, fed_BTD), ("batch", "length", "act_embed"))
-    return self.trunk(x, slots)
-
-  def logits(self, h_BTD):
-    return self.embedder.decode(h_BTD)
+    return self.trunk_hidden(self.embed(tokens_BT, fed_BTD), segment_BT)
 
   def __call__(self, tokens_BT, segment_BT, fed_BTD=None):
     if self.spec.has_channel and fed_BTD is None:

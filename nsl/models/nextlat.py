@@ -52,11 +52,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from nsl import attention, masks
+from nsl import masks
 from nsl.models import layers
 from nsl.models.family import Family, train_flops_per_token
 from nsl.models.latent_spec import MTPSpec, NextLatSpec, answer_token
-from nsl.models.transformer import standard_rule
+from nsl.models.transformer import LM, standard_rule
 
 sg = jax.lax.stop_gradient
 
@@ -149,32 +149,22 @@ class MTPHead(nn.Module):
     return layers.RMSNorm(self.dims.norm_eps, name="norm")(x)
 
 
-class LatentLM(nn.Module):
-  """The standard LM (submodules `embed`, `trunk`, as in transformer.LM, so the KV-cache code
-  reads the same parameter tree) plus `dynamics` (nextlat) or `mtp_heads` (mtp)."""
+class LatentLM(LM):
+  """The standard LM (`transformer.LM`: its `embed`, `trunk`, `hidden` and tied head, so the
+  shared KV-cache decoder reads the same parameter tree) plus `dynamics` (nextlat) or
+  `mtp_heads` (mtp)."""
 
-  dims: layers.Dims
-  rule: masks.Rule
   kind: str = "nextlat"  # nextlat | gpt | mtp
   dyn_hidden: int = 0
   horizon: int = 1
   emb_grad: bool = False  # L_next-h's gradient reaches the token embedding fed to p_ψ
 
   def setup(self):
-    self.embedder = layers.Embedder(self.dims, name="embed")
-    self.trunk = layers.Stack(self.dims, self.rule, name="trunk")
+    super().setup()
     if self.kind == "nextlat":
       self.dynamics = Dynamics(self.dims, self.dyn_hidden, name="dynamics")
     if self.kind == "mtp":
       self.mtp_heads = [MTPHead(self.dims, name=f"mtp_head_{i}") for i in range(2, self.horizon + 1)]
-
-  def hidden(self, tokens_BT, segment_BT):
-    slots = attention.Slots(masks.Layout.causal(tokens_BT.shape[1]), segment=segment_BT)
-    x = nn.with_logical_constraint(self.embedder.encode(tokens_BT), ("batch", "length", "act_embed"))
-    return self.trunk(x, slots)
-
-  def logits(self, h_BTD):
-    return self.embedder.decode(h_BTD)
 
   def frozen_logits(self, h_BTD):
     """The head with a stop-gradient copy of its weights (p^sg)."""

@@ -15,7 +15,10 @@ def standard_rule(window: int | None) -> masks.Rule:
 
 
 class LM(nn.Module):
-  """tokens [B, T], segment [B, T] -> final hidden states [B, T, D] and logits [B, T, V]."""
+  """tokens [B, T], segment [B, T] -> final hidden states [B, T, D] and logits [B, T, V].
+
+  The standard trunk every single-stream family builds on (NextLat/MTP's `LatentLM` and LIFT's
+  `LiftLM` subclass it): the tied embedding `embed`, the `layers.Stack` `trunk`, the tied head."""
 
   dims: layers.Dims
   rule: masks.Rule
@@ -25,9 +28,12 @@ class LM(nn.Module):
     self.trunk = layers.Stack(self.dims, self.rule, name="trunk")
 
   def hidden(self, tokens_BT, segment_BT):
-    slots = attention.Slots(masks.Layout.causal(tokens_BT.shape[1]), segment=segment_BT)
-    x = nn.with_logical_constraint(self.embedder.encode(tokens_BT), ("batch", "length", "act_embed"))
-    return self.trunk(x, slots)
+    return self.trunk_hidden(self.embedder.encode(tokens_BT), segment_BT)
+
+  def trunk_hidden(self, x_BTD, segment_BT):
+    """The causal trunk over embedded inputs [B, T, D]: final hidden states (after the final norm)."""
+    slots = attention.Slots(masks.Layout.causal(x_BTD.shape[1]), segment=segment_BT)
+    return self.trunk(nn.with_logical_constraint(x_BTD, ("batch", "length", "act_embed")), slots)
 
   def logits(self, h_BTD):
     return self.embedder.decode(h_BTD)
