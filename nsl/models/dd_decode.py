@@ -11,7 +11,8 @@ the context decoder re-prefills the grown prompt and the next block starts at it
   generation layer projects the latents to its cross K/V, which are cached ([Lg, B, P-1, H, Dh]);
   the context decoder's own K/V are not kept. Then the last prompt token is decoded.
 - **decode**: one token at a time through the generation decoder only: self K/V of the current
-  block in a cache of `new_tokens` slots, cross attention to the cached context K/V, merged by LSE.
+  block in the shared `kv_cache.KVCache` (`new_tokens` slots, visibility from SELF_RULE), cross
+  attention to the cached context K/V, merged by LSE.
 Per token of context the cache holds Lg layers of K and V (vs all L layers for decoder-only):
 a third of decoder-only's with the 2:1 split.
 
@@ -22,6 +23,7 @@ every decoder.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from typing import Any
@@ -32,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from nsl import decode
+from nsl.models import kv_cache
 from nsl.models.double_decoder import DoubleDecoder
 
 
@@ -41,13 +44,11 @@ def prefill(model: DoubleDecoder, params, prompt_BP, new_tokens: int):
   b, p = prompt_BP.shape
   ctx = prompt_BP[:, :p - 1]
   cross_k, cross_v = model.apply({"params": params}, ctx, jnp.ones_like(ctx), method=DoubleDecoder.cross_cache)
-  dims = model.dims
-  shape = (model.gen_layers, b, new_tokens, dims.n_heads, dims.head_dim)
-  self_k = jnp.zeros(shape, cross_k.dtype)
+  self_cache = kv_cache.KVCache.create(dataclasses.replace(model.dims, n_layers=model.gen_layers), b, new_tokens)
   start = jnp.int32(p - 1)
-  logits, self_k, self_v = model.apply({"params": params}, prompt_BP[:, p - 1], start, cross_k, cross_v, start,
-                                       self_k, jnp.zeros_like(self_k), start, method=DoubleDecoder.gen_step)
-  return logits, {"cross_k": cross_k, "cross_v": cross_v, "self_k": self_k, "self_v": self_v, "start": start}
+  logits, self_cache = model.apply({"params": params}, prompt_BP[:, p - 1], start, cross_k, cross_v, start,
+                                   self_cache, start, method=DoubleDecoder.gen_step)
+  return logits, {"cross_k": cross_k, "cross_v": cross_v, "self": self_cache, "start": start}
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4, 5))
@@ -58,18 +59,18 @@ def decode_loop(model: DoubleDecoder, params, cache, logits_BV, steps: int, temp
   n_cross = cache["cross_k"].shape[2]
 
   def body(carry, xs):
-    sk, sv, token = carry
+    self_cache, token = carry
     index, key = xs
-    logits, sk, sv = model.apply({"params": params}, token, index, cache["cross_k"], cache["cross_v"], n_cross,
-                                 sk, sv, cache["start"], method=DoubleDecoder.gen_step)
+    logits, self_cache = model.apply({"params": params}, token, index, cache["cross_k"], cache["cross_v"], n_cross,
+                                     self_cache, cache["start"], method=DoubleDecoder.gen_step)
     nxt = decode.sample(logits, key, temperature)
-    return (sk, sv, nxt), (nxt, logits)
+    return (self_cache, nxt), (nxt, logits)
 
   idx = cache["start"] + 1 + jnp.arange(steps - 1, dtype=jnp.int32)
-  (sk, sv, _), (toks, lg) = jax.lax.scan(body, (cache["self_k"], cache["self_v"], first), (idx, rngs[1:]))
+  (self_cache, _), (toks, lg) = jax.lax.scan(body, (cache["self"], first), (idx, rngs[1:]))
   tokens = jnp.concatenate([first[:, None], toks.T], axis=1)
   logits = jnp.concatenate([logits_BV[:, None], jnp.swapaxes(lg, 0, 1)], axis=1)
-  return tokens, logits, dict(cache, self_k=sk, self_v=sv)
+  return tokens, logits, dict(cache, self=self_cache)
 
 
 def generate(family, params, prompt_BP, new_tokens: int, *, temperature: float = 0.0, rng=None,
@@ -123,7 +124,7 @@ def generate_uncached(family, params, prompt_BP, new_tokens: int, *, temperature
 
 def cache_bytes(cache: dict[str, Any]) -> dict[str, int]:
   nb = lambda names: int(sum(cache[n].size * cache[n].dtype.itemsize for n in names))
-  out = {"cross": nb(("cross_k", "cross_v")), "self": nb(("self_k", "self_v"))}
+  out = {"cross": nb(("cross_k", "cross_v")), "self": cache["self"].nbytes()["persistent"]}  # K/V only
   out["total"] = out["cross"] + out["self"]
   return out
 

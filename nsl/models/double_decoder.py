@@ -213,39 +213,33 @@ class DoubleDecoder(nn.Module):
     kv = [layer.combo.cross_kv(c, pos) for layer in self.gen]
     return jnp.stack([k for k, _ in kv]), jnp.stack([v for _, v in kv])
 
-  def gen_step(self, token_B, index, cross_k, cross_v, cross_len, self_k, self_v, block_start):
+  def gen_step(self, token_B, index, cross_k, cross_v, cross_len, self_cache, block_start):
     """One generation-decoder step for the token at position `index` (all rows in step).
 
     cross_k/v [Lg, B, Nc, H, Dh]: context latents' K/V at positions 0..Nc-1 (only < cross_len are
-    earlier-block keys); self_k/v [Lg, B, M, H, Dh]: the current block's K/V, entry j = position
-    block_start + j (entries > index - block_start are stale and masked out). Returns
-    (logits [B, V], self_k, self_v) with this token's K/V written.
+    earlier-block keys); `self_cache`: the current block's K/V in the shared `kv_cache.KVCache`
+    (Lg layers), entry j = position block_start + j (later entries are unwritten or stale and
+    masked). Returns (logits [B, V], self_cache with this token's K/V written).
     """
     x = self._embed(token_B[:, None])  # [B, 1, D]
     pos_q = jnp.reshape(index, (1,)).astype(jnp.int32)
-    m, nc = self_k.shape[2], cross_k.shape[2]
-    slot = index - block_start
+    nc = cross_k.shape[2]
+    rel = pos_q - block_start  # the token's slot in the block's cache
+    step = self_cache.step(rel, rel, jnp.full((1,), masks.PERSISTENT, jnp.int32), jnp.ones((x.shape[0], 1), jnp.int32))
     q_f = {"pos": pos_q, "tok": pos_q, "block": jnp.ones((1,), jnp.int32)}
-    s_pos = block_start + jnp.arange(m, dtype=jnp.int32)
-    s_f = {"pos": jnp.where(jnp.arange(m) <= slot, s_pos, jnp.iinfo(jnp.int32).max), "tok": s_pos,
-           "block": jnp.ones((m,), jnp.int32)}
     c_pos = jnp.arange(nc, dtype=jnp.int32)
     c_f = {"pos": c_pos, "tok": c_pos, "block": jnp.where(c_pos < cross_len, 0, 1)}
-    new_k, new_v = [], []
     for i, layer in enumerate(self.gen):
       h = layer.attn_norm(x)
       q = layer.combo.attn.project_q(h, pos_q)
       k, v = layer.combo.attn.project_kv(h, pos_q)
-      sk = jax.lax.dynamic_update_slice_in_dim(self_k[i], k.astype(self_k.dtype), slot, axis=1)
-      sv = jax.lax.dynamic_update_slice_in_dim(self_v[i], v.astype(self_v.dtype), slot, axis=1)
-      o_s, lse_s = attention.attend_dense(q, sk, sv, SELF_RULE, q_f, s_f)
+      o_s, lse_s = self_cache.attend(q, k, v, SELF_RULE, step, i, return_lse=True)  # one block: no block field
+      self_cache = self_cache.write_kv(i, k, v, step)
       o_c, lse_c = attention.attend_dense(q, cross_k[i], cross_v[i], CROSS_RULE, q_f, c_f)
       o, _ = attention.merge_lse(o_s, lse_s, o_c, lse_c)
       x = x + layer.combo.attn.output(o)
       x = x + layer.mlp(layer.mlp_norm(x))
-      new_k.append(sk)
-      new_v.append(sv)
-    return self.embed.decode(self.gen_norm(x))[:, 0], jnp.stack(new_k), jnp.stack(new_v)
+    return self.embed.decode(self.gen_norm(x))[:, 0], self_cache.commit(step)
 
 
 # ----------------------------------------------------------------------------- family

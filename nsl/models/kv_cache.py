@@ -102,17 +102,18 @@ class KVCache:
     write = jnp.where(kind == masks.PERSISTENT, at_p, at_t)
     return Step(pos=pos, tok=tok, kind=kind, segment=jnp.asarray(segment, jnp.int32), write=write, prefill=prefill)
 
-  def attend(self, q, k_new, v_new, rule: masks.Rule, step: Step, layer):
+  def attend(self, q, k_new, v_new, rule: masks.Rule, step: Step, layer, return_lse: bool = False):
     """Attention of the step's queries [B, Sq, H, Dh] over layer `layer`'s cached keys plus the
-    step's own K/V, under `rule` on explicit per-slot fields (positions are dynamic here)."""
+    step's own K/V, under `rule` on explicit per-slot fields (positions are dynamic here); with
+    `return_lse` also the log-sum-exp [B, H, Sq] (to merge with another attention, `merge_lse`)."""
     stale = self.tok[None, :] >= jnp.min(step.tok)
     k_fields = {"pos": jnp.concatenate([self.pos, step.pos]), "tok": jnp.concatenate([self.tok, step.tok]),
                 "kind": jnp.concatenate([self.kind, step.kind]),
                 "segment": jnp.concatenate([jnp.where(stale, EMPTY, self.segment), step.segment], axis=1)}
     keys = jnp.concatenate([self.k[layer], k_new.astype(self.k.dtype)], axis=1)
     values = jnp.concatenate([self.v[layer], v_new.astype(self.v.dtype)], axis=1)
-    out, _ = attention.attend_dense(q, keys.astype(q.dtype), values.astype(q.dtype), rule, step.fields(), k_fields)
-    return out
+    out, lse = attention.attend_dense(q, keys.astype(q.dtype), values.astype(q.dtype), rule, step.fields(), k_fields)
+    return (out, lse) if return_lse else out
 
   def write_kv(self, layer, k_new, v_new, step: Step) -> "KVCache":
     """Writes one layer's new K/V [B, S, H, Dh] at `step.write` (indices out of range dropped).
