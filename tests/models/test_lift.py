@@ -402,3 +402,16 @@ def test_cached_feedback_keeps_the_sliding_window():
   toks = batch(3, b=2, t=7)["tokens"]
   np.testing.assert_allclose(jax.jit(fam.feedback_logits)(params, toks), fam.recompute_feedback_logits(params, toks),
                              rtol=1e-4, atol=1e-4)
+
+
+def test_cached_feedback_with_scanned_layers():
+  """A trunk stored scanned (`trunk/layers`) feeds back through the same shared cached trunk (the
+  old per-layer decode read `trunk/block_i` and could not run it)."""
+  c = tiny_config("lift", top_k=5)
+  c.model.scan_layers = True
+  fam = lift.LiftFamily(c)
+  params = nn.unbox(fam.init(jax.random.PRNGKey(0)))
+  assert "layers" in params["trunk"]
+  toks = batch(2, b=2, t=6)["tokens"]
+  np.testing.assert_allclose(jax.jit(fam.feedback_logits)(params, toks), fam.recompute_feedback_logits(params, toks),
+                             rtol=1e-4, atol=1e-5)
