@@ -141,3 +141,23 @@ def test_single_stream_families_share_the_standard_trunk():
       h = fam.model.apply({"params": {**params, "dynamics": jax.tree.map(jnp.zeros_like, shapes["dynamics"])}},
                           toks, jnp.ones_like(toks), method="hidden")
       np.testing.assert_allclose(h, ref, atol=1e-5)
+
+
+def test_unrolled_stack_takes_the_cache_like_the_scanned_one():
+  """`layers.Stack` with `block_i` parameters runs the cached call as a Python loop over its
+  blocks; it writes the same cache and returns the same states as the scanned decoder path."""
+  from nsl.models import layers
+
+  fam, params = _family("standard", None, family="standard")
+  dims, plan = fam.dims, decode.plan_for(fam)
+  assert not dims.scan_layers
+  x = decode._embed(dims, params, plan, jnp.asarray(_prompt()))[:, :, 0]
+  cache = decode.init_cache(dims, plan, 2, 8)
+  ar = jnp.arange(PROMPT, dtype=jnp.int32)
+  step = cache.step(ar, ar, jnp.zeros_like(ar), jnp.ones((2, PROMPT), jnp.int32))
+  c1, h1 = layers.Stack(dims, plan.rule).apply({"params": params["trunk"]}, x, None, cache=cache, step=step)
+  c2, h2 = decode.trunk(dims, plan.rule, params, x, cache, step)
+  np.testing.assert_allclose(h1, h2, atol=1e-5)
+  np.testing.assert_allclose(c1.k, c2.k, atol=1e-5)
+  np.testing.assert_array_equal(c1.segment, c2.segment)
+  assert float(jnp.abs(c1.k[:, :, :PROMPT]).min()) > 0 and float(jnp.abs(c1.k[:, :, PROMPT:]).max()) == 0
