@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from nsl import attention, masks
+from nsl.errors import ConfigError
 from nsl.models import kv_cache, layers
 
 P, T_ = masks.PERSISTENT, masks.TEMPORARY
@@ -83,7 +84,8 @@ def plan_for(family) -> SlotPlan:
                     has_predict=True, predict_token_id=family.predict_token_id)
   if family.name in ("sps", "standard", "nextlat", "mtp"):
     return SlotPlan(kinds=(P,), readout=0, rule=family.rule)
-  raise ValueError(f"no KV-cache decoder for family {family.name!r}")
+  raise ConfigError(f"nsl.decode has no KV-cache decoder for family {family.name!r}: it decodes sps, standard, "
+                    "nextlat and mtp runs (lift: LiftFamily.generate; double_decoder: nsl.models.dd_decode)")
 
 
 # ----------------------------------------------------------------------------- the trunk, by parts

@@ -161,3 +161,12 @@ def test_unrolled_stack_takes_the_cache_like_the_scanned_one():
   np.testing.assert_allclose(c1.k, c2.k, atol=1e-5)
   np.testing.assert_array_equal(c1.segment, c2.segment)
   assert float(jnp.abs(c1.k[:, :, :PROMPT]).min()) > 0 and float(jnp.abs(c1.k[:, :, PROMPT:]).max()) == 0
+
+
+def test_a_family_without_this_decoder_is_a_config_error():
+  from nsl.errors import ConfigError
+
+  fam, _ = _family("standard", None, family="standard", init=False)
+  fam.name = "double_decoder"  # an instance attribute: the class keeps its name
+  with pytest.raises(ConfigError, match="dd_decode"):
+    decode.plan_for(fam)
