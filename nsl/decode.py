@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from nsl import attention, masks
-from nsl.errors import ConfigError
 from nsl.models import kv_cache, layers
 
 P, T_ = masks.PERSISTENT, masks.TEMPORARY
@@ -36,14 +36,20 @@ P, T_ = masks.PERSISTENT, masks.TEMPORARY
 
 @dataclasses.dataclass(frozen=True)
 class SlotPlan:
-  """How a model lays a token out as slots, for generation."""
+  """How a model lays a token out as slots, for generation: the family's `slot_plan()`."""
 
   kinds: tuple[int, ...]  # kind of each slot of a token's group (group order = logical order)
   readout: int  # which slot of the group yields the next-token logits
   rule: masks.Rule
   layout: str = "interleaved"  # physical order used by prefill ("stream_major" or "interleaved")
-  has_predict: bool = False  # group slot 1 is the learned <predict> embedding
+  # ρ [D] of group slot 1 = predict(params, predict_token_id) (SPS: `sps.predict_vector`, carried
+  # here so this module needs no family's module); None: the group has no <predict> slot.
+  predict: Callable[[Any, int | None], jax.Array] | None = None
   predict_token_id: int | None = None  # ρ = this row of the tied embedding; None = `predict_embedding`
+
+  @property
+  def has_predict(self) -> bool:
+    return self.predict is not None
 
   @property
   def group(self) -> int:
@@ -72,22 +78,6 @@ class SlotPlan:
     return masks.Layout.grouped(self.kinds, num_tokens, self.layout)
 
 
-def plan_for(family) -> SlotPlan:
-  """The SlotPlan of a Family object: the `sps` family (any variant) and every family whose
-  model is the standard trunk under `embed` / `trunk` with the tied head (standard, nextlat,
-  mtp). LIFT decodes with its own state feedback (`nsl.models.lift`), through `trunk`."""
-  from nsl.models import sps
-
-  if family.name == "sps" and family.variant != "standard":
-    spec = sps.SPECS[family.variant]
-    return SlotPlan(kinds=spec.kinds, readout=spec.readout, rule=family.rule, layout=family.layout_name,
-                    has_predict=True, predict_token_id=family.predict_token_id)
-  if family.name in ("sps", "standard", "nextlat", "mtp"):
-    return SlotPlan(kinds=(P,), readout=0, rule=family.rule)
-  raise ConfigError(f"nsl.decode has no KV-cache decoder for family {family.name!r}: it decodes sps, standard, "
-                    "nextlat and mtp runs (lift: LiftFamily.generate; double_decoder: nsl.models.dd_decode)")
-
-
 # ----------------------------------------------------------------------------- the trunk, by parts
 
 
@@ -96,9 +86,7 @@ def _embed(dims, params, plan: SlotPlan, tokens_BN):
   x = layers.Embedder(dims).apply({"params": params["embed"]}, tokens_BN, method="encode")
   if not plan.has_predict:
     return x[:, :, None]
-  from nsl.models import sps
-
-  rho = jnp.broadcast_to(sps.predict_vector(params, plan.predict_token_id).astype(x.dtype), x.shape)
+  rho = jnp.broadcast_to(plan.predict(params, plan.predict_token_id).astype(x.dtype), x.shape)
   return jnp.stack([x, rho], axis=2)
 
 
@@ -235,7 +223,7 @@ def generate(family, params, prompt_BN, new_tokens: int, *, temperature: float =
   rng = jax.random.PRNGKey(0) if rng is None else rng
   prompt = jnp.asarray(prompt_BN, jnp.int32)
   n = prompt.shape[1]
-  dims, plan = family.dims, plan_for(family)
+  dims, plan = family.dims, family.slot_plan()
   logits, cache = prefill_jit(dims, plan, params, prompt, n + new_tokens)
   tokens, all_logits, _ = decode_loop(dims, plan, params, cache, logits, int(new_tokens),
                                       jnp.float32(temperature), jnp.int32(n), rng)

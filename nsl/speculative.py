@@ -43,14 +43,14 @@ class Decoder:
   """Plain and self-speculative decoding of a trained `nextlat` model (batch size 1)."""
 
   def __init__(self, family, params, draft_len: int | None = None, temperature: float = 0.0):
-    if getattr(family.model, "kind", None) != "nextlat":
+    if not family.drafts_with_dynamics:
       raise ValueError(f"self-speculative decoding needs a nextlat model with a dynamics model, "
                        f"got family {family.name!r} variant {family.config.model.variant!r}")
     self.family, self.params, self.dims = family, params, family.dims
     self.k = int(draft_len if draft_len is not None else family.spec.draft_len)  # NextLatSpec
     self.temperature = float(temperature)
     model, dims, k, temp = family.model, self.dims, self.k, self.temperature
-    plan = decode.plan_for(family)
+    plan = family.slot_plan()
     head = lambda p, h: model.apply({"params": p}, h, method="logits")
     step = lambda p, h, t: model.apply({"params": p}, h, t, method="step")
 

@@ -109,7 +109,7 @@ def test_window_matters_so_the_ring_is_exercised():
 def test_cache_sizes(variant, window, slots):
   """Per layer and row: T slots for standard, T + w for sps / delayed / reverse, 2T for 2x memory."""
   fam, _ = _family(variant, window, init=False)
-  cache = decode.init_cache(fam.dims, decode.plan_for(fam), batch=2, max_tokens=20)
+  cache = decode.init_cache(fam.dims, fam.slot_plan(), batch=2, max_tokens=20)
   assert cache.size == cache.k.shape[2] == slots
   per_slot = 2 * fam.dims.n_layers * 2 * fam.dims.d_model * 4  # K and V, layers, rows, float32
   assert decode.cache_bytes(cache)["persistent"] + decode.cache_bytes(cache)["ring"] == slots * per_slot
@@ -149,7 +149,7 @@ def test_unrolled_stack_takes_the_cache_like_the_scanned_one():
   from nsl.models import layers
 
   fam, params = _family("standard", None, family="standard")
-  dims, plan = fam.dims, decode.plan_for(fam)
+  dims, plan = fam.dims, fam.slot_plan()
   assert not dims.scan_layers
   x = decode._embed(dims, params, plan, jnp.asarray(_prompt()))[:, :, 0]
   cache = decode.init_cache(dims, plan, 2, 8)
@@ -167,6 +167,6 @@ def test_a_family_without_this_decoder_is_a_config_error():
   from nsl.errors import ConfigError
 
   fam, _ = _family("standard", None, family="standard", init=False)
-  fam.name = "double_decoder"  # an instance attribute: the class keeps its name
+  fam.name, fam.decodes_with_trunk = "double_decoder", False  # instance attributes: the class keeps its own
   with pytest.raises(ConfigError, match="dd_decode"):
-    decode.plan_for(fam)
+    fam.slot_plan()

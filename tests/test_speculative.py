@@ -40,7 +40,7 @@ def test_cached_forward_matches_model(fam_params):
   and multi-token steps from an empty cache, equal the training forward's hidden states; a step
   overwrites entries left by a longer earlier one (a rejected draft) without seeing them."""
   fam, params = fam_params
-  dims, plan = fam.dims, decode.plan_for(fam)
+  dims, plan = fam.dims, fam.slot_plan()
   toks = jax.random.randint(jax.random.PRNGKey(2), (1, 12), 0, 64)
   ref = fam.model.apply({"params": params}, toks, jnp.ones_like(toks), method="hidden")
   h0, cache = decode.prefill_hidden(dims, plan, params, toks[:, :7], 16)

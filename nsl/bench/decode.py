@@ -91,7 +91,7 @@ def prepare_variant(config, args) -> dict:
   from nsl.models import registry
 
   family = registry.get_family(config)
-  dims, plan = family.dims, decode.plan_for(family)
+  dims, plan = family.dims, family.slot_plan()
   params = jax.jit(lambda r: nn.unbox(family.init(r)))(jax.random.PRNGKey(config.seed))
   prompt = jnp.asarray(np.random.default_rng(0).integers(1, dims.vocab_size, (args.batch, args.prompt_len)),
                        jnp.int32)

@@ -55,7 +55,7 @@ def perturbed_nll(family, params, batch, deltas, impl: str | None = None):
   from nsl import decode
   from nsl.models import layers
 
-  dims, plan = family.dims, decode.plan_for(family)
+  dims, plan = family.dims, family.slot_plan()
   inputs, targets, seg_in, weights = layers.next_token_targets(batch)
   b, t = inputs.shape
   g = plan.group
@@ -90,9 +90,7 @@ def perturbed_nll(family, params, batch, deltas, impl: str | None = None):
 
 
 def zero_deltas(family, batch_rows: int, num_tokens: int):
-  from nsl import decode
-
-  dims, plan = family.dims, decode.plan_for(family)
+  dims, plan = family.dims, family.slot_plan()
   s = num_tokens * plan.group
   z = lambda *shape: jnp.zeros((batch_rows, s) + shape, jnp.float32)
   heads = (dims.n_heads, dims.head_dim)
@@ -103,10 +101,9 @@ def zero_deltas(family, batch_rows: int, num_tokens: int):
 def slot_grad_norms(family, params, batch, chunk: int = 8, impl: str | None = None):
   """Squared norms ‖∇θ_s ℓ_j‖² for every read-out position j and slot s: [T, B, T, G] with the
   slot axis in logical (token, stream) order, plus the loss weights [B, T]."""
-  from nsl import decode
   from nsl.models import layers
 
-  plan = decode.plan_for(family)
+  plan = family.slot_plan()
   params = jax.tree.map(lambda a: a.astype(jnp.float32), params)
   _, _, _, weights = layers.next_token_targets(batch)
   b, t = weights.shape
@@ -159,11 +156,10 @@ def routing(norms_sq, weights, segment, max_offset: int) -> dict:
 
 
 def run(workdir: str, rows: int = 4, max_offset: int = 32, impl: str | None = None) -> dict:
-  from nsl import decode
   from nsl.evals import common
 
   config, family, params = common.load_run(workdir)
-  plan = decode.plan_for(family)
+  plan = family.slot_plan()
   batch = next(iter(common.eval_batches(config, batch_size=rows, max_batches=1)))
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
   norms_sq, weights = jax.jit(lambda p, bt: slot_grad_norms(family, p, bt, impl=impl))(params, batch)

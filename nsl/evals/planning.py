@@ -3,10 +3,10 @@
   python -m nsl.evals.planning --workdir=runs/nextlat_path_star [--limit=1000] [--batch_size=250]
 
 Reads the run's config.json and latest checkpoint, the task test set of its data dir
-(`task_test.npz`, nsl/data/tasks/task_data.py), decodes every prompt greedily with the shared KV-cache
-decoder (`nsl.decode.generate`: standard, sps, nextlat, mtp; LIFT with its own-state feedback;
-batched, all prompts of a task have the same length) for the task's answer length, and scores
-with the task's checker (path-star: the ℓ path tokens exactly; countdown: any correct solution).
+(`task_test.npz`, nsl/data/tasks/task_data.py), decodes every prompt greedily with the family's
+decoder (`family.generate`: the shared KV-cache decoder for standard, sps, nextlat, mtp; LIFT
+with its own-state feedback; the double decoder's own; batched, all prompts of a task have the
+same length) for the task's answer length, and scores with the task's checker (path-star: the ℓ path tokens exactly; countdown: any correct solution).
 Prints one JSON line and writes it to WORKDIR/planning.json. For path-star it also reports the
 accuracy of the first decision after the start node (`first_step_acc`): the token a
 next-token-trained model gets only by chance 1/d ("Clever Hans", Bachmann & Nagarajan 2024).
@@ -32,16 +32,11 @@ def load_run(workdir: str):
 
 
 def greedy_batch(family, params, prompts_BN: np.ndarray, new_tokens: int) -> np.ndarray:
-  """Greedy continuation [B, new_tokens] of same-length prompts with the shared KV-cache decoder
-  (`nsl.decode.generate`; LIFT: its own-state feedback decode, `LiftFamily.generate`)."""
+  """Greedy continuation [B, new_tokens] of same-length prompts with the family's decoder
+  (`family.generate`: the shared KV-cache decoder, LIFT's own-state feedback decode)."""
   import jax.numpy as jnp
 
-  from nsl import decode
-
-  prompts = jnp.asarray(prompts_BN, jnp.int32)
-  if family.name == "lift":
-    return np.asarray(family.generate(params, prompts, new_tokens))[:, prompts.shape[1]:]
-  return np.asarray(decode.generate(family, params, prompts, new_tokens)[0])
+  return np.asarray(family.generate(params, jnp.asarray(prompts_BN, jnp.int32), new_tokens)[0])
 
 
 def evaluate(workdir: str, limit: int | None = None, batch_size: int = 250, data_dir: str | None = None) -> dict:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax.linen as nn
 import jax
@@ -35,7 +35,9 @@ import numpy as np
 
 from nsl import decode
 from nsl.models import kv_cache
-from nsl.models.double_decoder import DoubleDecoder
+
+if TYPE_CHECKING:  # the family's `generate` calls this module: no runtime import back
+  from nsl.models.double_decoder import DoubleDecoder
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
@@ -43,11 +45,11 @@ def prefill(model: DoubleDecoder, params, prompt_BP, new_tokens: int):
   """(logits of the first new token [B, V], cache) for a prompt of P >= 2 tokens."""
   b, p = prompt_BP.shape
   ctx = prompt_BP[:, :p - 1]
-  cross_k, cross_v = model.apply({"params": params}, ctx, jnp.ones_like(ctx), method=DoubleDecoder.cross_cache)
+  cross_k, cross_v = model.apply({"params": params}, ctx, jnp.ones_like(ctx), method="cross_cache")
   self_cache = kv_cache.KVCache.create(dataclasses.replace(model.dims, n_layers=model.gen_layers), b, new_tokens)
   start = jnp.int32(p - 1)
   logits, self_cache = model.apply({"params": params}, prompt_BP[:, p - 1], start, cross_k, cross_v, start,
-                                   self_cache, start, method=DoubleDecoder.gen_step)
+                                   self_cache, start, method="gen_step")
   return logits, {"cross_k": cross_k, "cross_v": cross_v, "self": self_cache, "start": start}
 
 
@@ -62,7 +64,7 @@ def decode_loop(model: DoubleDecoder, params, cache, logits_BV, steps: int, temp
     self_cache, token = carry
     index, key = xs
     logits, self_cache = model.apply({"params": params}, token, index, cache["cross_k"], cache["cross_v"], n_cross,
-                                     self_cache, cache["start"], method=DoubleDecoder.gen_step)
+                                     self_cache, cache["start"], method="gen_step")
     nxt = decode.sample(logits, key, temperature)
     return (self_cache, nxt), (nxt, logits)
 
@@ -163,7 +165,7 @@ def compare(dd_config, decoder_only_config, *, batch: int = 4, prompt_len: int =
       kv, slots = nbytes["total"], (prompt_len - 1) + new_tokens
       layers_cached = family.model.gen_layers
     else:
-      dims, plan = family.dims, decode.plan_for(family)
+      dims, plan = family.dims, family.slot_plan()
       total = prompt_len + new_tokens
       logits, cache = decode.prefill_jit(dims, plan, params, prompt, total)
       t_prefill = _time(lambda: decode.prefill_jit(dims, plan, params, prompt, total), repeats)

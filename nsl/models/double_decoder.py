@@ -341,6 +341,13 @@ class DoubleDecoderFamily(Family):
     loss, weight = layers.masked_cross_entropy(logits, targets, weights)
     return loss, {"weight": weight, "blocks": jnp.max(block).astype(jnp.float32) + 1.0}
 
+  def generate(self, params, prompt_BN, new_tokens: int, *, temperature: float = 0.0, rng=None):
+    """Cached generation (REFERENCES §2 "Inference"): the prompt is context, the new tokens one
+    block from its last token on (`nsl.models.dd_decode.generate`)."""
+    from nsl.models import dd_decode
+
+    return dd_decode.generate(self, params, prompt_BN, new_tokens, temperature=temperature, rng=rng)
+
   def flops_per_token(self) -> float:
     """6 x (parameters + the cross K/V projection of the context stream when shared) per token,
     plus visible attention pairs: causal for the context decoder, self + cross for the generation

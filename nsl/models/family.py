@@ -4,7 +4,8 @@ A family is everything that makes an architecture differ from the standard trans
 nothing else (DESIGN "Families share one trunk"). The trainer only calls `init`, `loss`,
 `eval_nll`, `dummy_batch`, `param_counts` and `flops_per_token`; it knows nothing about any
 family. The evaluations (nsl/evals, the LIFT teacher) read a run only through `token_logits`,
-`feeds`, `rule`, `layout` and `with_rule`, declared here, so no caller asks what a family is.
+`feeds`, `rule`, `layout` and `with_rule`, the decoders through `slot_plan`, `generate` and
+`drafts_with_dynamics`, all declared here, so no caller asks what a family is.
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ class Family:
   # Suffix of the trainer's eval key (`eval_val_nll<suffix>`, result.json eval["val<suffix>"]):
   # empty when `eval_nll` is the plain next-token NLL (LIFT: `_feed_<feed>` for another feed).
   eval_suffix: str = ""
+  # The model is the standard trunk (`embed`, the shared `layers.Stack` `trunk`, the tied head)
+  # with the slots of `slot_plan`: what `nsl.decode`'s KV-cache decoder generates from.
+  decodes_with_trunk: bool = False
+  # The family drafts tokens with a learned latent dynamics model (NextLat's p_ψ): what
+  # self-speculative decoding (`nsl.speculative`, REFERENCES §4) needs.
+  drafts_with_dynamics: bool = False
 
   def __init__(self, config):
     self.config = config
@@ -94,6 +101,28 @@ class Family:
     PRNGKey(0) at step 0 (the double decoder's blocks, SED's spans are drawn from it)."""
     loss, metrics = self.loss(params, batch, jax.random.PRNGKey(0), jnp.zeros((), jnp.int32))
     return metrics.get("ce", loss) * metrics["weight"], metrics["weight"]
+
+  # -- generation -------------------------------------------------------------------------------
+  def slot_plan(self):
+    """The `nsl.decode.SlotPlan` of the KV-cache decoder (REFERENCES §1): one persistent slot
+    per token, read out at itself, under `rule` (SPS: its variant's slot groups). A family whose
+    model is not the standard trunk has no such plan: a one-line ConfigError."""
+    if not self.decodes_with_trunk:
+      raise ConfigError(f"nsl.decode has no KV-cache decoder for family {self.name!r}: it decodes sps, standard, "
+                        "nextlat and mtp runs (lift: LiftFamily.generate; double_decoder: nsl.models.dd_decode)")
+    from nsl import decode
+
+    return decode.SlotPlan(kinds=(masks.PERSISTENT,), readout=0, rule=self.rule)
+
+  def generate(self, params, prompt_BN, new_tokens: int, *, temperature: float = 0.0, rng=None):
+    """`new_tokens` tokens after the prompt [B, N] (one document per row): (tokens [B, new_tokens]
+    int32, logits [B, new_tokens, V]), logits[:, k] the distribution token k was drawn from
+    (greedy at `temperature` 0). Here the shared KV-cache decoder `nsl.decode.generate` on
+    `slot_plan()` (REFERENCES §1), so a family without one raises its ConfigError; LIFT and the
+    double decoder generate with their own decoders."""
+    from nsl import decode
+
+    return decode.generate(self, params, prompt_BN, new_tokens, temperature=temperature, rng=rng)
 
   # -- shared -----------------------------------------------------------------------------------
   def layout(self, num_tokens: int) -> masks.Layout:

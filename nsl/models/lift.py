@@ -549,14 +549,21 @@ class LiftFamily(Family):
       probs = state_from_logits(logits, self.spec.top_k, self.spec.temperature)
     return logits
 
-  def generate(self, params, prompt_BP, new_tokens: int):
-    """Greedy decoding with own-state feedback: the prompt's tokens are fed in order (its states
-    are the model's own too), then each argmax token. Returns tokens [B, P + new_tokens]."""
+  def generate(self, params, prompt_BP, new_tokens: int, *, temperature: float = 0.0, rng=None):
+    """Greedy decoding with own-state feedback (the inference rule, REFERENCES §3): the
+    prompt's tokens are fed in order (its states are the model's own too), then each argmax
+    token, through the cached trunk. -> (tokens [B, new_tokens], logits [B, new_tokens, V]),
+    logits[:, k] those token k is the argmax of. Greedy only: `temperature` > 0 is a ConfigError."""
+    if temperature:
+      raise ConfigError(f"LIFT's own-state feedback decode is greedy only; got temperature={temperature}, use 0")
+    if new_tokens < 1:
+      raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
+    prompt_BP = jnp.asarray(prompt_BP, jnp.int32)
     B, P = prompt_BP.shape
     padded = jnp.concatenate([prompt_BP, jnp.zeros((B, new_tokens), prompt_BP.dtype)], axis=1)
     choose = lambda t, prev: jnp.where(t < P, padded[:, t], prev)
-    _, toks = _own_state_scan(self.dims, self.spec, self.model, params, padded, choose_token=choose)
-    return toks
+    logits, toks = _own_state_scan(self.dims, self.spec, self.model, params, padded, choose_token=choose)
+    return toks[:, P:], logits[:, P - 1:-1]
 
   def flops_per_token(self) -> float:
     """6 × (parameters + V·d for s·E when the channel is on) + visible attention; the teacher's

@@ -224,6 +224,8 @@ class LatentFamily(Family):
   """What NextLat and MTP share: the standard trunk and rule, prompt masking, and next-token
   logits read from the plain tied head (head 1; the dynamics model and extra heads only train)."""
 
+  decodes_with_trunk = True
+
   @property
   def variant(self) -> str:
     return self.config.model.variant
@@ -265,6 +267,12 @@ class NextLatFamily(LatentFamily):
   @property
   def horizon(self) -> int:
     return self.spec.horizon
+
+  @property
+  def drafts_with_dynamics(self) -> bool:
+    """Variant `nextlat` has the dynamics model p_ψ self-speculative decoding drafts with
+    (REFERENCES §4); its `gpt` baseline does not."""
+    return self.variant == "nextlat"
 
   def make_model(self):
     kind = "nextlat" if self.variant == "nextlat" else "gpt"

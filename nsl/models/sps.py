@@ -213,6 +213,7 @@ class SPSFamily(Family):
   name = "sps"
   variants = VARIANTS
   embedding_params = ("embedding", "predict_embedding")
+  decodes_with_trunk = True
 
   @property
   def variant(self) -> str:
@@ -267,6 +268,17 @@ class SPSFamily(Family):
                           f"model.vocab_size={m.vocab_size}) (the {config.data.tokenizer} tokenizer has {vocab} "
                           f"ids); raise config.model.vocab_size to at least {vocab + 1} (e.g. pad it to a "
                           f"multiple of 64), or set config.model.predict_embedding='separate'")
+
+  def slot_plan(self):
+    """The decoder's token groups (REFERENCES §1): the variant's slot kinds and read-out slot
+    (`SPECS`) in its prefill layout, ρ from `predict_vector`; `standard` is one slot per token."""
+    if self.variant == "standard":
+      return super().slot_plan()
+    from nsl import decode
+
+    spec = SPECS[self.variant]
+    return decode.SlotPlan(kinds=spec.kinds, readout=spec.readout, rule=self.rule, layout=self.layout_name,
+                           predict=predict_vector, predict_token_id=self.predict_token_id)
 
   def make_model(self) -> nn.Module:
     if self.variant == "standard":

@@ -47,6 +47,7 @@ class StandardFamily(Family):
 
   name = "standard"
   variants = ("standard",)
+  decodes_with_trunk = True
 
   @property
   def rule(self) -> masks.Rule:

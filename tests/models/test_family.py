@@ -126,6 +126,35 @@ def test_with_rule_replaces_the_rule_or_says_why_not(built):
   assert not np.allclose(narrow, same)
 
 
+def test_every_family_generates_or_says_it_has_no_decoder(built):
+  """`family.generate` is each family's decoder (the shared KV cache, LIFT's feedback, the double
+  decoder's): 2 greedy tokens per row, each the argmax of the logits returned for it. A family
+  with none (SED) raises the decoder's one-line ConfigError, and so does its `slot_plan`."""
+  family, params = built
+  prompt = _batch()["tokens"][:, :5]
+  if family.name == "sed":
+    for call in (lambda: family.generate(params, prompt, 2), family.slot_plan):
+      with pytest.raises(ConfigError, match="no KV-cache decoder for family 'sed'") as err:
+        call()
+      assert "\n" not in str(err.value)
+    return
+  toks, logits = family.generate(params, prompt, 2)
+  assert toks.shape == (B, 2) and toks.dtype == jnp.int32 and logits.shape == (B, 2, V)
+  assert bool(jnp.all(jnp.isfinite(logits)))
+  np.testing.assert_array_equal(toks, jnp.argmax(logits, -1))
+  if family.decodes_with_trunk:  # the KV-cache decoder's plan has one group per token
+    assert family.slot_plan().group == family.layout(T).num_slots // T
+
+
+def test_only_nextlat_drafts_with_its_dynamics_model():
+  """Self-speculative decoding (nsl.speculative) asks the family: NextLat's p_ψ, not its gpt baseline."""
+  for name in set(registry.FAMILIES) - {"nextlat"}:
+    assert registry.get_family_class(name).drafts_with_dynamics is False, name
+  for variant in ("nextlat", "gpt"):
+    family = registry.get_family(_config("nextlat", **{"model.variant": variant}))
+    assert family.drafts_with_dynamics == (variant == "nextlat")
+
+
 def test_lift_feeds_are_declared_and_others_have_none():
   for name in registry.FAMILIES:
     cls = registry.get_family_class(name)

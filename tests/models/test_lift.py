@@ -182,9 +182,12 @@ def test_cached_feedback_equals_recomputed():
   # Channel off: the cached path with b equals the parallel model fed b.
   off = fam.feedback_logits(params, toks, feed="bias")
   np.testing.assert_allclose(off, fam.model.apply({"params": params}, toks, jnp.ones_like(toks)), rtol=1e-4, atol=1e-5)
-  out = fam.generate(params, toks[:, :3], 3)
-  assert out.shape == (2, 6) and (out[:, :3] == toks[:, :3]).all()
-  np.testing.assert_array_equal(out[:, 3], jnp.argmax(fam.feedback_logits(params, toks[:, :3])[:, -1], -1))
+  out, out_logits = fam.generate(params, toks[:, :3], 3)
+  first = fam.feedback_logits(params, toks[:, :3])[:, -1]
+  assert out.shape == (2, 3) and out_logits.shape == (2, 3, first.shape[-1])
+  np.testing.assert_allclose(out_logits[:, 0], first, rtol=1e-4, atol=1e-5)
+  np.testing.assert_array_equal(out[:, 0], jnp.argmax(first, -1))
+  np.testing.assert_array_equal(out, jnp.argmax(out_logits, -1))
 
 
 def test_variants():
