@@ -61,6 +61,11 @@ class KVCache:
   segment: jax.Array  # [B, S]; EMPTY = never written
   kinds: tuple[int, ...] = flax.struct.field(pytree_node=False, default=(masks.PERSISTENT,))
   ring: int = flax.struct.field(pytree_node=False, default=0)
+  # A layer view (`layer_view`): k/v hold one layer [1, B, S, H, Dh] and `write_kv` records the
+  # step's K/V [B, S_new, H, Dh] here instead of scattering (`write_layers` writes them once).
+  k_new: jax.Array | None = None
+  v_new: jax.Array | None = None
+  view: bool = flax.struct.field(pytree_node=False, default=False)
 
   @staticmethod
   def create(dims, batch: int, max_tokens: int, kinds=(masks.PERSISTENT,), ring: int = 0) -> "KVCache":
@@ -117,9 +122,26 @@ class KVCache:
 
   def write_kv(self, layer, k_new, v_new, step: Step) -> "KVCache":
     """Writes one layer's new K/V [B, S, H, Dh] at `step.write` (indices out of range dropped).
-    The layer index and the slot indices are advanced indices, so the update is [S, B, H, Dh]."""
+    The layer index and the slot indices are advanced indices, so the update is [S, B, H, Dh].
+    On a `layer_view` it only records them (k_new / v_new) for `write_layers`."""
+    if self.view:
+      return self.replace(k_new=k_new.astype(self.k.dtype), v_new=v_new.astype(self.v.dtype))
     put = lambda c, x: c.at[layer, :, step.write].set(jnp.swapaxes(x, 0, 1).astype(c.dtype), mode="drop")
     return self.replace(k=put(self.k, k_new), v=put(self.v, v_new))
+
+  def layer_view(self, k_l, v_l) -> "KVCache":
+    """The cache as one layer of a layer scan sees it: that layer's K/V `k_l`, `v_l` [B, S, H, Dh]
+    (the scanned slice) as layer 0, the shared metadata, and `write_kv` deferred. Why: a scatter
+    into the full [L, ...] cache inside the scan carry is not done in place by XLA, so every
+    layer copied the whole cache (2·L cache copies per decoded token); reading slices and writing
+    all layers once after the scan (`write_layers`) keeps the token loop's update in place."""
+    return self.replace(k=k_l[None], v=v_l[None], k_new=None, v_new=None, view=True)
+
+  def write_layers(self, k_new_L, v_new_L, step: Step) -> "KVCache":
+    """Writes every layer's new K/V [L, B, S_new, H, Dh] at `step.write` in one scatter
+    (out-of-range indices dropped): the single cache update of a scanned cached call."""
+    put = lambda c, x: c.at[:, :, step.write].set(x.astype(c.dtype), mode="drop")
+    return self.replace(k=put(self.k, k_new_L), v=put(self.v, v_new_L))
 
   def commit(self, step: Step) -> "KVCache":
     """Writes the step's metadata (after every layer has written its K/V)."""

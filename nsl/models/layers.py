@@ -224,16 +224,17 @@ def remat_policy(name: str):
 
 
 class ScannedBlock(Block):
-  """A Block as the body of `nn.scan`: (carry, broadcast inputs[, layer index]) -> (carry, None);
-  the carry is x, or (x, cache) for a cached call."""
+  """A Block as the body of `nn.scan`: (x, broadcast inputs) -> (x, None); for a cached call
+  also the cache (broadcast) and this layer's K/V slices (scanned) -> (x, this layer's new K/V),
+  through `KVCache.layer_view` (the full cache is written once after the scan)."""
 
   @nn.compact
-  def __call__(self, carry, segment=None, block=None, step=None, layer=None):
+  def __call__(self, x_BSD, segment=None, block=None, step=None, cache=None, kv=None):
     if step is None:
-      return super().__call__(carry, segment, block), None
-    x_BSD, cache = carry
-    cache, x_BSD = super().__call__(x_BSD, segment, block, cache=cache, step=step, layer=layer)
-    return (x_BSD, cache), None
+      return super().__call__(x_BSD, segment, block), None
+    view = cache.layer_view(*kv)
+    view, x_BSD = super().__call__(x_BSD, segment, block, cache=view, step=step, layer=0)
+    return x_BSD, (view.k_new, view.v_new)
 
 
 class Stack(nn.Module):
@@ -253,8 +254,9 @@ class Stack(nn.Module):
   def __call__(self, x_BSD, slots: attention.Slots | None, cache=None, step=None):
     """Training: `slots` -> final-normed x. Cached (`cache`, `step`: see `Attention`; `slots`
     for a prefill, else None): -> (cache with the step's K/V and metadata, final-normed x). A
-    cached call runs without remat; scanned, it is one layer body with the cache in the carry
-    (written in place) and the layer index as the scanned input."""
+    cached call runs without remat; scanned, it is one layer body with the cache
+    read as per-layer K/V slices (scanned inputs), the new K/V the scan's outputs, and the cache
+    written once after the scan (so it is updated in place, not copied per layer)."""
     n = self.n_layers or self.dims.n_layers
     layout = None if slots is None else slots.layout
     segment = None if slots is None else slots.segment
@@ -262,10 +264,12 @@ class Stack(nn.Module):
     if cache is not None:
       if self.dims.scan_layers:
         scan = nn.scan(ScannedBlock, variable_axes={"params": 0}, split_rngs={"params": True},
-                       in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0), length=n,
+                       in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, 0), length=n,
                        metadata_params={nn.PARTITION_NAME: "layers"})
-        (x_BSD, cache), _ = scan(self.dims, self.rule, layout, name="layers")(
-            (x_BSD, cache), segment, blk, step, jnp.arange(n, dtype=jnp.int32))
+        meta = cache.replace(k=None, v=None)  # broadcast: only the metadata; K/V go in as slices
+        x_BSD, (k_new, v_new) = scan(self.dims, self.rule, layout, name="layers")(
+            x_BSD, segment, blk, step, meta, (cache.k, cache.v))
+        cache = cache.write_layers(k_new, v_new, step)
       else:
         for i in range(n):
           cache, x_BSD = Block(self.dims, self.rule, layout, name=f"block_{i}")(x_BSD, segment, blk, cache=cache,
