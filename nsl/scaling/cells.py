@@ -21,6 +21,7 @@ from nsl.errors import NslError
 from nsl.scaling.locks import CellLock
 
 CELL_FILE, STATUS_FILE, LOCK_FILE, LOG_FILE = "cell.json", "status.json", ".runner.lock", "launch.log"
+CELL_REF = "@cell:"  # a config value naming another cell of the root (`nsl.scaling.grid`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,15 +38,20 @@ class Cell:
   size: str
   steps: int
   tokens: int  # steps x batch_size x seq_len: what the run will actually train on
+  requires: tuple[str, ...] = ()  # run ids of the same root this cell's config names ("@cell:<id>")
 
   def launch_args(self, workdir: str) -> list[str]:
-    """Arguments after `python -m nsl.launch`."""
+    """Arguments after `python -m nsl.launch`; an "@cell:<run id>" value becomes that cell's
+    directory, the sibling of `workdir` under the grid's root."""
+    root = os.path.dirname(workdir.rstrip("/"))
+    value = lambda v: os.path.join(root, v[len(CELL_REF):]) if v.startswith(CELL_REF) else v
     return [f"--config={self.config_path}", f"--workdir={workdir}",
-            *(f"--config.{k}={v}" for k, v in self.overrides)]
+            *(f"--config.{k}={value(v)}" for k, v in self.overrides)]
 
   def to_json(self) -> dict:
     d = dataclasses.asdict(self)
     d["overrides"], d["labels"] = dict(self.overrides), dict(self.labels)
+    d["requires"] = list(self.requires)
     return d
 
 

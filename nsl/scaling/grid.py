@@ -17,7 +17,12 @@ A grid file defines `get_grid()` returning a dict, or a list of dicts whose cell
      "arm": [{"_label": "sps", "family": "sps", "model.variant": "sps"}, ...]}}  # several fields
 
 A dict value sets all its fields (its optional "_label" names it in run ids and tables); "size"
-and "config" may appear inside it. "tokens" is applied last, after batch size and seq_len are
+and "config" may appear inside it. A string value "@cell:LABELS" names the directory of an
+earlier cell of the same grid, LABELS being its run id without the hash (its axis labels joined
+by "-", e.g. "seed0-lift_rnn_s5"): runs that chain (a LIFT student and its teacher run,
+`config.lift.teacher`) live in one grid. The value is hashed as "@cell:<that run id>", so the id
+follows the teacher's own and not the root; the runner passes the path ROOT/<that run id> to the
+launcher and starts the cell only once that cell is done (a failed one fails it). "tokens" is applied last, after batch size and seq_len are
 known. A cell's run id is a readable prefix (its axis labels) plus a hash of its *effective* config
 (sorted JSON of `nsl.config.to_dict` after every override, built exactly as the launcher builds
 it), so the same experiment always gets the same directory, whichever grid file or axis order
@@ -43,7 +48,7 @@ from typing import Any
 
 from nsl.errors import ArgumentParser, ConfigError, cli_main
 from nsl.scaling import backends, runner
-from nsl.scaling.cells import Cell, cell_rows
+from nsl.scaling.cells import CELL_REF, Cell, cell_rows
 
 SPECIAL = ("config", "size", "tokens")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -202,6 +207,7 @@ def expand(grid_path: str, validate: bool = True) -> list[Cell]:
       if is_axis:
         labels.append((name, label))
     path = resolve_config_path(acc["config"], grid_path)
+    requires = _resolve_cell_refs(acc["fields"], cells, grid_path, labels)
     overrides = [(k, cli_value(v, k)) for k, v in acc["fields"].items()]
     config = nsl_config.load_config(path, overrides)
     if acc["tokens"] is not None:
@@ -224,8 +230,26 @@ def expand(grid_path: str, validate: bool = True) -> list[Cell]:
         run_id=make_run_id([lab for _, lab in labels], digest), config_path=path,
         overrides=tuple(overrides), labels=tuple(labels), config_hash=digest, family=str(config.family),
         variant=str(config.model.get("variant", config.family)), size=size, steps=int(t.steps),
-        tokens=int(t.steps) * int(t.batch_size) * int(config.data.seq_len)))
+        tokens=int(t.steps) * int(t.batch_size) * int(config.data.seq_len), requires=requires))
   return cells
+
+
+def _resolve_cell_refs(fields: dict, earlier: list[Cell], grid_path: str, labels) -> tuple[str, ...]:
+  """Rewrites each "@cell:LABELS" value to "@cell:<run id>" of the earlier cell so labelled
+  (module docstring); -> the run ids this cell needs done first."""
+  requires = []
+  for name, value in fields.items():
+    if not (isinstance(value, str) and value.startswith(CELL_REF)):
+      continue
+    want = value[len(CELL_REF):]
+    match = [c.run_id for c in earlier if c.run_id.rsplit("-", 1)[0] == want]
+    if len(match) != 1:
+      known = ", ".join(sorted({c.run_id.rsplit("-", 1)[0] for c in earlier})) or "none"
+      raise ConfigError(f"grid {grid_path}, cell {dict(labels)}: {name}={value!r} must name exactly one "
+                        f"earlier cell by its labels ({len(match)} match; earlier cells: {known})")
+    fields[name] = CELL_REF + match[0]
+    requires.append(match[0])
+  return tuple(requires)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -277,8 +301,9 @@ def main(argv: list[str] | None = None) -> int:
       if args.json:
         print(json.dumps(c.to_json(), sort_keys=True))
       else:
+        needs = f"  needs={','.join(c.requires)}" if c.requires else ""
         print(f"{c.run_id}  {c.family}/{c.variant}  size={c.size}  steps={c.steps}  tokens={human(c.tokens)}  "
-              f"config={os.path.relpath(c.config_path)}")
+              f"config={os.path.relpath(c.config_path)}{needs}")
     if not args.json:
       print(f"{len(cells)} cells")
     return 0

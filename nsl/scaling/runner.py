@@ -77,7 +77,9 @@ class Runner:
           for _, handle, *_ in active.values():
             self.backend.kill(handle)
         while queue and len(active) < self.parallel and not self.stop_requested:
-          cell = queue.pop(0)
+          cell = self._next_ready(queue, active)
+          if cell is None:  # the rest wait for cells still running
+            break
           slot = min(set(range(self.parallel)) - {a[4] for a in active.values()})
           started = self._start(cell, slot, busy_elsewhere)
           if started:
@@ -104,6 +106,27 @@ class Runner:
     self._say("finished: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
               + (f"; {len(busy_elsewhere)} owned by another runner" if busy_elsewhere else ""))
     return counts
+
+  def _next_ready(self, queue: list[Cell], active: dict) -> Cell | None:
+    """Takes the first queued cell whose required cells (`Cell.requires`) are done; a cell whose
+    requirement can no longer finish (failed, not queued, no live runner on it) fails now."""
+    i = 0
+    while i < len(queue):
+      cell = queue[i]
+      waiting = [r for r in cell.requires if result_status(self.root / r) != "done"]
+      if not waiting:
+        return queue.pop(i)
+      coming = {c.run_id for c in queue} | set(active)
+      lost = [r for r in waiting if r not in coming and not CellLock.held(self.root / r / LOCK_FILE)]
+      if lost:
+        queue.pop(i)
+        state = (read_json(self.root / lost[0] / STATUS_FILE) or {}).get("status", "missing")
+        why = f"needs cell {lost[0]} ({state}, not done); rerun the grid once it is fixed"
+        update_status(self.root / cell.run_id, status="failed", finished=stamp(), error=why)
+        self._say(f"failed {cell.run_id}: {why}")
+        continue
+      i += 1
+    return None
 
   def _start(self, cell: Cell, slot: int, busy_elsewhere: set):
     d = self.root / cell.run_id
