@@ -81,8 +81,10 @@ def load_grid_file(path: str) -> list[dict]:
       raise ConfigError(f"{where}: 'axes' must map names to non-empty lists of values")
     if not isinstance(g.get("overrides", {}), dict):
       raise ConfigError(f"{where}: 'overrides' must be a dict of field -> value")
-    if "base" not in g and "config" not in axes:
-      raise ConfigError(f"{where}: needs 'base' (a config file) or a 'config' axis")
+    names_config = lambda v: isinstance(v, dict) and "config" in v
+    if "base" not in g and "config" not in axes and not any(all(map(names_config, vals)) for vals in axes.values()):
+      raise ConfigError(f"{where}: needs 'base' (a config file) or a 'config' axis (or an axis whose every "
+                        "value sets 'config')")
   return subgrids
 
 

@@ -88,3 +88,17 @@ def test_runner_starts_a_student_after_its_teacher_and_fails_it_when_the_teacher
   assert not any(bad_s.run_id in line for line in log.splitlines() if " start " in line)
   status = json.loads((tmp_path / "root2" / bad_s.run_id / "status.json").read_text())
   assert status["status"] == "failed" and bad_t.run_id in status["error"]
+
+
+def test_the_s5_grid_chains_each_student_to_its_own_seeds_teacher():
+  from tests.helpers import ROOT
+
+  cells = grid.expand(os.path.join(ROOT, "configs", "grids", "s5.py"))
+  by_label = {c.run_id.rsplit("-", 1)[0]: c for c in cells}
+  assert len(cells) == 18
+  for seed in (0, 1, 2):
+    s = f"seed{seed}"
+    assert by_label[f"{s}-lift_s5"].requires == (by_label[f"{s}-lift_rnn_s5"].run_id,)
+    assert by_label[f"{s}-lift_s5_bounded"].requires == (by_label[f"{s}-standard_s5_8x"].run_id,)
+    assert by_label[f"{s}-standard_s5_8x"].steps == 8 * by_label[f"{s}-standard_s5"].steps
+    assert not by_label[f"{s}-lift_s5_oracle"].requires

@@ -1,0 +1,39 @@
+"""The S5 pipeline of LIFT (REFERENCES §3, issue #15) as one resumable grid, 3 seeds.
+
+Per seed, in the order the runner starts them (a cell that names a teacher cell, "@cell:...",
+waits until that cell is done; `nsl.scaling.grid`):
+  standard_s5_8x   the bounded-depth teacher: the standard model trained 8x longer (3,200 steps)
+  lift_rnn_s5      LIFT-RNN, its own states fed back sequentially in training
+  standard_s5      the standard 2-layer baseline (400 steps)
+  lift_s5_oracle   LIFT on the oracle `labels` teacher: an upper bound, not the paper's LIFT
+  lift_s5          LIFT trained in parallel on that seed's LIFT-RNN states (its own fed-back states)
+  lift_s5_bounded  LIFT on that seed's standard_s5_8x
+
+Every model is configs/lift.py's (2 layers, d = 256, ≈2M parameters, 400 steps of 128 sequences;
+the paper: 5,000 and 40,000 steps). Measured on 2 busy cores: ≈0.55 CPU-s per standard step,
+≈0.75 per LIFT step, so ≈4–5 CPU-minutes per model and ≈30 for standard_s5_8x; the grid is
+≈2.7 CPU-hours (≈80 minutes on 2 cores at --parallel=2).
+
+  python -m nsl.scaling.grid run --grid=configs/grids/s5.py --root=runs/s5 --parallel=2
+  python -m nsl.evals.length_generalization --out=runs/s5 --runs=$(ls -d runs/s5/seed*/ | paste -sd, -)
+"""
+
+SEEDS = (0, 1, 2)
+
+
+def _arm(name: str, teacher: str | None = None) -> dict:
+  arm = {"_label": name, "config": f"configs/lift.py:{name}"}
+  if teacher:
+    arm["lift.teacher"] = teacher
+  return arm
+
+
+def get_grid():
+  grids = []
+  for seed in SEEDS:
+    s = f"seed{seed}"
+    arms = [_arm("standard_s5_8x"), _arm("lift_rnn_s5"), _arm("standard_s5"), _arm("lift_s5_oracle"),
+            _arm("lift_s5", teacher=f"@cell:{s}-lift_rnn_s5"),
+            _arm("lift_s5_bounded", teacher=f"@cell:{s}-standard_s5_8x")]
+    grids.append({"axes": {"seed": [{"_label": s, "seed": seed}], "arm": arms}})
+  return grids
