@@ -102,3 +102,14 @@ def test_the_s5_grid_chains_each_student_to_its_own_seeds_teacher():
     assert by_label[f"{s}-lift_s5_bounded"].requires == (by_label[f"{s}-standard_s5_8x"].run_id,)
     assert by_label[f"{s}-standard_s5_8x"].steps == 8 * by_label[f"{s}-standard_s5"].steps
     assert not by_label[f"{s}-lift_s5_oracle"].requires
+
+
+def test_the_lift_text_grid_feeds_every_student_the_one_4x_teacher():
+  from tests.helpers import ROOT
+
+  cells = {c.run_id.rsplit("-", 1)[0]: c for c in grid.expand(os.path.join(ROOT, "configs", "grids", "lift_text.py"))}
+  teacher = cells.pop("seed0-teacher_4x")
+  assert teacher.steps == 4 * cells["seed0-standard"].steps
+  needs = {label: c.requires for label, c in cells.items()}
+  assert needs == {f"seed{s}-{arm}": ((teacher.run_id,) if arm in ("lift", "distill") else ())
+                   for s in (0, 1) for arm in ("standard", "lift", "lift_no_states", "distill")}
