@@ -3,6 +3,7 @@ against the sequence length N (S5) or the operand count m (arithmetic), per mode
 
   python -m nsl.evals.length_generalization --runs=runs/s5_standard,runs/s5_lift [--lengths=1-16,20,24,32,48,64]
       [--per_length=2000] [--data=DIR] [--out=DIR] [--feed=own|bias]
+  python -m nsl.evals.length_generalization --root=runs/s5 [--force]    # every done cell of a grid root
 
 Each run is an nsl run dir trained on an S5 or arithmetic task dir (`nsl.data.tasks.s5`,
 `.arithmetic`); the task comes from the data dir's manifest.
@@ -19,6 +20,14 @@ table (rows N or m, one column per run), writes
 `length_generalization.json` and `length_generalization.png` to --out (default: the first run's
 parent directory), and records `length_generalization` (`length_generalization_feed_bias` with
 `--feed=bias`) in each run's result.json.
+
+`--root=ROOT` takes every done cell of a grid root (`nsl.scaling.grid`; e.g. configs/grids/s5.py)
+instead of `--runs`, reuses a cell's recorded accuracies when they cover the same lengths, feed
+and per-length count (`--force` re-scores), and groups the cells by their grid labels other than
+the seed: one row per group with the seeds' mean ± sd at each length, the length each seed solves
+to (accuracy >= 0.99 at every N up to it) and where each falls below 2x chance; the plot draws each
+group's mean and its seeds' range. The rows and table go to length_generalization.json under
+"groups" (--out, default ROOT).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -115,6 +125,19 @@ def accuracy_by_length(family, params, heldout: dict, lengths: list[int], per_le
   return out
 
 
+def _recorded(run: str, key: str, per_length: int, lengths: list[int]) -> dict[int, float] | None:
+  """The accuracies a run's result.json records under `key`, if they cover `lengths` at `per_length`."""
+  try:
+    with open(os.path.join(run, "result.json")) as f:
+      rec = json.load(f).get(key) or {}
+  except (OSError, ValueError):
+    return None
+  acc = {int(n): float(v) for n, v in (rec.get("accuracy") or {}).items()}
+  if rec.get("per_length") != per_length or not set(lengths) <= set(acc):
+    return None
+  return {n: acc[n] for n in lengths}
+
+
 def format_table(names: list[str], results: dict[str, dict[int, float]], lengths: list[int], task: str = "s5") -> str:
   width = max(12, *(len(n) for n in names))
   lines = [TASKS[task]["axis"].split()[-1].rjust(4) + "".join(n.rjust(width + 2) for n in names)]
@@ -134,14 +157,81 @@ def chance_from(acc: dict[int, float], threshold: float = 2 * CHANCE) -> int | N
   return None
 
 
-def plot(names, results, lengths, path: str, task: str = "s5") -> None:
+def solved_to(acc: dict[int, float], threshold: float = 0.99) -> int:
+  """Largest N with accuracy >= threshold at every length up to it (0: not even the shortest)."""
+  best = 0
+  for n in sorted(acc):
+    if acc[n] < threshold:
+      break
+    best = n
+  return best
+
+
+def grid_runs(root: str) -> list[tuple[str, str, str]]:
+  """(run dir, group, seed) of every done cell under a grid root, the group its labels but the seed."""
+  from nsl.scaling import cells as cell_files
+
+  out = []
+  if not os.path.isdir(root):
+    raise NslError(f"--root={root}: not a directory")
+  for name in sorted(os.listdir(root)):
+    d = os.path.join(root, name)
+    cell = cell_files.read_json(Path(d) / cell_files.CELL_FILE)
+    if cell is None or cell_files.result_status(Path(d)) != "done":
+      continue
+    labels = dict(cell.get("labels", {}))
+    seed = str(labels.pop("seed", "?"))
+    out.append((d, "-".join(str(v) for v in labels.values()) or name, seed))
+  if not out:
+    raise NslError(f"--root={root}: no done grid cells there (python -m nsl.scaling.grid status --root={root})")
+  return out
+
+
+def group_rows(results: dict[str, dict[int, float]], members: dict[str, list[tuple[str, str]]],
+               lengths: list[int], chance: float | None) -> list[dict]:
+  """Per group: seeds, mean and sd of accuracy per length, and each seed's solved-to / chance-from."""
+  rows = []
+  for group, runs in members.items():
+    runs = sorted(runs, key=lambda r: r[1])
+    accs = np.array([[results[name][n] for n in lengths] for name, _ in runs])
+    row = {"group": group, "seeds": [seed for _, seed in runs], "runs": [name for name, _ in runs],
+           "mean": dict(zip(lengths, accs.mean(0).tolist())), "sd": dict(zip(lengths, accs.std(0).tolist())),
+           "min": dict(zip(lengths, accs.min(0).tolist())), "max": dict(zip(lengths, accs.max(0).tolist())),
+           "solved_to": [solved_to(results[name]) for name, _ in runs]}
+    if chance:
+      row["chance_from"] = [chance_from(results[name], 2 * chance) for name, _ in runs]
+    rows.append(row)
+  return rows
+
+
+def group_table(rows: list[dict], columns: list[int]) -> str:
+  """Markdown: a row per group, accuracy mean ± sd over its seeds at `columns`."""
+  head = ["run", "seeds", "solved (≥ 0.99) to N, per seed"] + [f"N = {n}" for n in columns]
+  if any("chance_from" in r for r in rows):
+    head.append("below 2× chance from N, per seed")
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for r in rows:
+    cells = [f"`{r['group']}`", str(len(r["seeds"])), ", ".join(map(str, r["solved_to"]))]
+    cells += [f"{100 * r['mean'][n]:.1f} ± {100 * r['sd'][n]:.1f}%" for n in columns]
+    if "chance_from" in r:
+      cells.append(", ".join("never" if c is None else str(c) for c in r["chance_from"]))
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def plot(names, results, lengths, path: str, task: str = "s5", groups: list[dict] | None = None) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   fig, ax = plt.subplots(figsize=(7, 4))
-  for name in names:
+  for name in names if groups is None else []:
     ax.plot(lengths, [results[name][n] for n in lengths], marker="o", ms=3, label=name)
+  for g in groups or []:
+    line, = ax.plot(lengths, [g["mean"][n] for n in lengths], marker="o", ms=3,
+                    label=f"{g['group']} ({len(g['seeds'])} seeds)")
+    ax.fill_between(lengths, [g["min"][n] for n in lengths], [g["max"][n] for n in lengths],
+                    color=line.get_color(), alpha=0.15, lw=0)
   spec = TASKS[task]
   if spec["chance"]:
     ax.axhline(spec["chance"], color="gray", ls=":", label=f"chance ({spec['chance']:.3f})")
@@ -159,7 +249,9 @@ def plot(names, results, lengths, path: str, task: str = "s5") -> None:
 
 def main(argv=None) -> int:
   p = ArgumentParser(prog="python -m nsl.evals.length_generalization", description=__doc__.split("\n")[0])
-  p.add_argument("--runs", required=True, help="comma-separated run directories")
+  p.add_argument("--runs", default="", help="comma-separated run directories")
+  p.add_argument("--root", default="", help="a grid root: every done cell, grouped by its labels but the seed")
+  p.add_argument("--force", action="store_true", help="with --root: re-score cells that have a record")
   p.add_argument("--lengths", default="", help="rows, e.g. 1-16,20,32 (default: the task's)")
   p.add_argument("--per_length", type=int, default=2000)
   p.add_argument("--batch_size", type=int, default=2000)
@@ -169,7 +261,11 @@ def main(argv=None) -> int:
   a = p.parse_args(argv)
   from nsl.data.tasks import s5
 
-  runs = [r for r in a.runs.split(",") if r]
+  if bool(a.runs) == bool(a.root):
+    raise NslError("give --runs=A,B,... or --root=GRID_ROOT (one of them)")
+  cells = grid_runs(a.root) if a.root else None
+  runs = [d for d, _, _ in cells] if cells else [r for r in a.runs.split(",") if r]
+  key = "length_generalization" if a.feed == "own" else f"length_generalization_feed_{a.feed}"
   results, names, meta, task, lengths = {}, [], {}, None, []
   for run in runs:
     config, family, params = load_run(run)
@@ -179,9 +275,10 @@ def main(argv=None) -> int:
       task, lengths = this_task, parse_lengths(a.lengths or TASKS[this_task]["lengths"])
     elif this_task != task:
       raise NslError(f"{run} was trained on {this_task}, {runs[0]} on {task}: compare runs of one task")
-    heldout = s5.load_heldout(data)
     name = os.path.basename(os.path.normpath(run))
-    acc = accuracy_by_length(family, params, heldout, lengths, a.per_length, a.feed, a.batch_size, task)
+    acc = None if not a.root or a.force else _recorded(run, key, a.per_length, lengths)
+    if acc is None:
+      acc = accuracy_by_length(family, params, s5.load_heldout(data), lengths, a.per_length, a.feed, a.batch_size, task)
     names.append(name)
     results[name] = acc
     meta[name] = {"run": run, "family": config.family, "variant": config.model.variant}
@@ -193,7 +290,6 @@ def main(argv=None) -> int:
       with open(rpath) as f:
         record = json.load(f)
       # One record per feed, so a channel-off evaluation never replaces the own-state one.
-      key = "length_generalization" if a.feed == "own" else f"length_generalization_feed_{a.feed}"
       record[key] = {"per_length": a.per_length, "feed": a.feed, "accuracy": {str(n): v for n, v in acc.items()}}
       with open(rpath, "w") as f:
         json.dump(record, f, indent=1)
@@ -201,12 +297,22 @@ def main(argv=None) -> int:
   for name in names:
     if "chance_from" in meta[name]:
       print(f"{name}: below 2x chance from N={meta[name]['chance_from']}")
-  out = a.out or os.path.dirname(os.path.abspath(os.path.normpath(runs[0])))
+  out = a.out or a.root or os.path.dirname(os.path.abspath(os.path.normpath(runs[0])))
   os.makedirs(out, exist_ok=True)
+  summary = {"task": task, "lengths": lengths, "per_length": a.per_length, "feed": a.feed, "runs": meta,
+             "accuracy": {k: {str(n): v for n, v in r.items()} for k, r in results.items()}}
+  groups = None
+  if cells:
+    members: dict[str, list] = {}
+    for d, group, seed in cells:
+      members.setdefault(group, []).append((os.path.basename(os.path.normpath(d)), seed))
+    groups = group_rows(results, members, lengths, TASKS[task]["chance"])
+    columns = [n for n in (8, 16, 32, 64) if n in lengths] or lengths[-3:]
+    summary["groups"] = {"rows": groups, "table": group_table(groups, columns)}
+    print(summary["groups"]["table"])
   with open(os.path.join(out, "length_generalization.json"), "w") as f:
-    json.dump({"task": task, "lengths": lengths, "per_length": a.per_length, "feed": a.feed, "runs": meta,
-               "accuracy": {k: {str(n): v for n, v in r.items()} for k, r in results.items()}}, f, indent=1)
-  plot(names, results, lengths, os.path.join(out, "length_generalization.png"), task)
+    json.dump(summary, f, indent=1)
+  plot(names, results, lengths, os.path.join(out, "length_generalization.png"), task, groups)
   print(f"wrote {os.path.join(out, 'length_generalization.png')}", file=sys.stderr)
   return 0
 

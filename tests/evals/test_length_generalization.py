@@ -80,3 +80,39 @@ def test_arithmetic_scores_every_answer_token_and_tasks_do_not_mix(task_dirs, tm
   s5_run, _, _ = fake_run(str(tmp_path / "s5run"), _config(s5_dir, 136, 17))
   with pytest.raises(NslError, match="one task"):
     lg.main([f"--runs={run},{s5_run}", f"--out={tmp_path / 'out2'}"])
+
+
+def test_a_grid_root_is_scored_once_and_grouped_over_seeds(task_dirs, tmp_path, capsys):
+  s5_dir, _ = task_dirs
+  root = tmp_path / "root"
+  for arm, seeds in (("std", (0, 1)), ("lift", (0,))):
+    for seed in seeds:
+      d, _, _ = fake_run(str(root / f"seed{seed}-{arm}-abc"), _config(s5_dir, 136, 17, "standard" if arm == "std" else "lift"),
+                         seed=seed)
+      (root / f"seed{seed}-{arm}-abc" / "cell.json").write_text(json.dumps({"labels": {"seed": f"seed{seed}", "arm": arm}}))
+      (root / f"seed{seed}-{arm}-abc" / "result.json").write_text('{"status": "done"}')
+  (root / "pending-xyz").mkdir()  # a cell that is not done is left out
+  (root / "pending-xyz" / "cell.json").write_text(json.dumps({"labels": {"seed": "seed2", "arm": "std"}}))
+  args = [f"--root={root}", "--lengths=1-3,8", "--per_length=5", "--batch_size=4"]
+  assert lg.main(args) == 0
+  record = json.load(open(root / "length_generalization.json"))
+  rows = {r["group"]: r for r in record["groups"]["rows"]}
+  assert rows["std"]["seeds"] == ["seed0", "seed1"] and rows["lift"]["seeds"] == ["seed0"]
+  a0, a1 = (record["accuracy"][f"seed{s}-std-abc"]["3"] for s in (0, 1))
+  assert rows["std"]["mean"]["3"] == pytest.approx((a0 + a1) / 2)
+  assert rows["std"]["solved_to"] == [lg.solved_to({int(n): v for n, v in record["accuracy"][r].items()})
+                                     for r in rows["std"]["runs"]]
+  assert "| `std` | 2 |" in capsys.readouterr().out
+  # a second call reuses every cell's record: a tampered record comes back as it is
+  res = json.load(open(root / "seed0-std-abc" / "result.json"))
+  res["length_generalization"]["accuracy"]["3"] = 0.123
+  (root / "seed0-std-abc" / "result.json").write_text(json.dumps(res))
+  assert lg.main(args) == 0
+  assert json.load(open(root / "length_generalization.json"))["accuracy"]["seed0-std-abc"]["3"] == 0.123
+  assert lg.main(args + ["--force"]) == 0
+  assert json.load(open(root / "length_generalization.json"))["accuracy"]["seed0-std-abc"]["3"] == pytest.approx(a0)
+
+
+def test_solved_to_and_chance_from():
+  assert lg.solved_to({1: 1.0, 2: 0.995, 3: 0.5, 4: 1.0}) == 2 and lg.solved_to({1: 0.2}) == 0
+  assert lg.chance_from({1: 1.0, 2: 0.001, 3: 0.5, 4: 0.001, 5: 0.0}) == 4
