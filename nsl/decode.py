@@ -104,13 +104,15 @@ def _logits(dims, params, h_BSD):
   return _head(dims, params, _norm(dims, params["trunk"]["final_norm"], h_BSD))
 
 
-def trunk(dims, rule: masks.Rule, params, x_BSD, cache: kv_cache.KVCache, step: kv_cache.Step, slots=None):
+def trunk(dims, rule: masks.Rule, params, x_BSD, cache: kv_cache.KVCache, step: kv_cache.Step, slots=None,
+          with_residual: bool = False):
   """The shared trunk (`layers.Stack`, parameters `params['trunk']`) on the new slots `step`
-  with the cache: -> (cache, final-normed hidden states [B, S, D]). It runs scanned over the
-  layers (one compiled layer body) whichever form the parameters are stored in."""
+  with the cache: -> (cache, final-normed hidden states [B, S, D]; with `with_residual` the pair
+  (residual stream before the final norm, final-normed), for NextLat's `latent="residual"`). It
+  runs scanned over the layers (one compiled layer body) whichever form the parameters are stored in."""
   d = dataclasses.replace(dims, scan_layers=True, remat="none")
   p = layers.scanned_params(params["trunk"], dims.n_layers)
-  return layers.Stack(d, rule).apply({"params": p}, x_BSD, slots, cache=cache, step=step)
+  return layers.Stack(d, rule).apply({"params": p}, x_BSD, slots, cache=cache, step=step, with_residual=with_residual)
 
 
 # ----------------------------------------------------------------------------- cache
@@ -129,9 +131,10 @@ def cache_bytes(cache: kv_cache.KVCache) -> dict[str, int]:
 # ----------------------------------------------------------------------------- prefill and decode
 
 
-def prefill_hidden(dims, plan: SlotPlan, params, tokens_BN, max_tokens: int):
+def prefill_hidden(dims, plan: SlotPlan, params, tokens_BN, max_tokens: int, with_residual: bool = False):
   """Runs the prompt [B, N] in the family's physical layout through the training path and
-  returns (final hidden state of the last token's read-out slot [B, D], cache)."""
+  returns (final hidden state of the last token's read-out slot [B, D], cache); `with_residual`:
+  the state is the pair (residual before the final norm, final-normed), as `trunk`'s."""
   b, n = tokens_BN.shape
   lay = plan.prompt_layout(n)
   g = plan.group
@@ -139,9 +142,9 @@ def prefill_hidden(dims, plan: SlotPlan, params, tokens_BN, max_tokens: int):
   seg = jnp.ones((b, lay.num_slots), jnp.int32)
   cache = init_cache(dims, plan, b, max_tokens)
   step = cache.step(lay.pos, lay.tok, lay.kind, seg, prefill=True)
-  cache, h = trunk(dims, plan.rule, params, x, cache, step, attention.Slots(lay, segment=seg))
+  cache, h = trunk(dims, plan.rule, params, x, cache, step, attention.Slots(lay, segment=seg), with_residual)
   last = int(np.argsort(lay.pos)[(n - 1) * g + plan.readout])  # physical index of that slot
-  return h[:, last], cache
+  return jax.tree.map(lambda a: a[:, last], h), cache
 
 
 def prefill(dims, plan: SlotPlan, params, tokens_BN, max_tokens: int):
@@ -150,10 +153,11 @@ def prefill(dims, plan: SlotPlan, params, tokens_BN, max_tokens: int):
   return _head(dims, params, h[:, None])[:, 0], cache
 
 
-def extend(dims, plan: SlotPlan, params, cache, tokens_BM, start):
+def extend(dims, plan: SlotPlan, params, cache, tokens_BM, start, with_residual: bool = False):
   """Feeds tokens [B, M] at token positions start..start+M-1 (`start` may be traced) after the
   cached ones: -> (final hidden states of their read-out slots [B, M, D], updated cache). Cache
-  entries of tokens >= start (a rejected draft) are ignored and overwritten."""
+  entries of tokens >= start (a rejected draft) are ignored and overwritten. `with_residual`:
+  the states are pairs (residual before the final norm, final-normed), as `trunk`'s."""
   b, m = tokens_BM.shape
   g = plan.group
   tok = jnp.repeat(jnp.asarray(start, jnp.int32) + jnp.arange(m, dtype=jnp.int32), g)
@@ -161,8 +165,8 @@ def extend(dims, plan: SlotPlan, params, cache, tokens_BM, start):
   kind = jnp.tile(jnp.asarray(plan.kinds, jnp.int32), m)
   x = _embed(dims, params, plan, tokens_BM).reshape(b, m * g, dims.d_model)  # logical order
   step = cache.step(pos, tok, kind, jnp.ones((b, m * g), jnp.int32))
-  cache, h = trunk(dims, plan.rule, params, x, cache, step)
-  return h.reshape(b, m, g, dims.d_model)[:, :, plan.readout], cache
+  cache, h = trunk(dims, plan.rule, params, x, cache, step, with_residual=with_residual)
+  return jax.tree.map(lambda a: a.reshape(b, m, g, dims.d_model)[:, :, plan.readout], h), cache
 
 
 def decode_step(dims, plan: SlotPlan, params, cache, token_B, index):
@@ -177,11 +181,13 @@ def decode_step(dims, plan: SlotPlan, params, cache, token_B, index):
 
 def sample(logits_BV, rng, temperature):
   """Greedy where `temperature` is 0, else a draw from softmax(logits / temperature).
-  `temperature` may be traced (one compiled program serves both)."""
-  greedy = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+  `temperature` may be traced (one compiled program serves both); a `lax.cond` runs only the
+  branch it needs, so greedy decoding makes no Gumbel noise (B·V random draws per token, ~15% of
+  an XS decode step on CPU when both branches ran)."""
   t = jnp.asarray(temperature, jnp.float32)
-  drawn = jax.random.categorical(rng, logits_BV / jnp.where(t > 0, t, 1.0), axis=-1).astype(jnp.int32)
-  return jnp.where(t > 0, drawn, greedy)
+  greedy = lambda lg: jnp.argmax(lg, axis=-1).astype(jnp.int32)
+  drawn = lambda lg: jax.random.categorical(rng, lg / jnp.where(t > 0, t, 1.0), axis=-1).astype(jnp.int32)
+  return jax.lax.cond(t > 0, drawn, greedy, logits_BV)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 4))

@@ -1,7 +1,9 @@
 """Self-speculative decoding with NextLat's latent dynamics model (REFERENCES §4).
 
-State between rounds: a KV cache holding tokens x_1..x_m, the trunk's final hidden state h_m of
-x_m, and a *pending* token y (already emitted, not yet fed). One round with draft length k:
+State between rounds: a KV cache holding tokens x_1..x_m, NextLat's latent h_m of x_m (the
+trunk's final-normed state, or the residual stream before the final norm with
+`nextlat.latent="residual"`; drafts are then read through the final norm), and a *pending*
+token y (already emitted, not yet fed). One round with draft length k:
 
   draft    ĥ ← p_ψ(h_m, y); for j = 1..k: d_j ~ q_j = head(ĥ), ĥ ← p_ψ(ĥ, d_j)
            (no trunk call: the dynamics MLP and the tied head only);
@@ -51,23 +53,30 @@ class Decoder:
     self.temperature = float(temperature)
     model, dims, k, temp = family.model, self.dims, self.k, self.temperature
     plan = family.slot_plan()
-    head = lambda p, h: model.apply({"params": p}, h, method="logits")
-    step = lambda p, h, t: model.apply({"params": p}, h, t, method="step")
+    head = lambda p, h: model.apply({"params": p}, h, method="logits")  # the trunk's final-normed h
+    draft_head = lambda p, z: model.apply({"params": p}, z, method="latent_logits")  # a latent ĥ
+    step = lambda p, z, t: model.apply({"params": p}, z, t, method="step")
+    # The dynamics model runs in NextLat's latent space (NextLatSpec.latent): the final-normed h,
+    # or the residual stream before the final norm, which the trunk then returns beside h.
+    residual = family.spec.latent == "residual"
+    latent_and_h = (lambda out: out) if residual else (lambda out: (out, out))
 
     def prefill(p, prompt_BN, max_tokens: int, key):
-      h, cache = decode.prefill_hidden(dims, plan, p, prompt_BN, max_tokens)
-      return decode.sample(head(p, h[:, None])[:, 0], key, temp), h, cache
+      out, cache = decode.prefill_hidden(dims, plan, p, prompt_BN, max_tokens, with_residual=residual)
+      z, h = latent_and_h(out)
+      return decode.sample(head(p, h[:, None])[:, 0], key, temp), z, cache
 
     def plain_step(p, cache, token_B, start, key):
-      h, cache = decode.extend(dims, plan, p, cache, token_B[:, None], start)
-      return decode.sample(head(p, h)[:, 0], key, temp), h[:, 0], cache
+      out, cache = decode.extend(dims, plan, p, cache, token_B[:, None], start, with_residual=residual)
+      z, h = latent_and_h(out)
+      return decode.sample(head(p, h)[:, 0], key, temp), z[:, 0], cache
 
     def spec_round(p, cache, h_BD, pending_B, start, key):
       keys = jax.random.split(key, k + 2)
       hat = step(p, h_BD[:, None], pending_B[:, None])  # [B, 1, D]
       drafts, q_logits = [], []
       for j in range(k):
-        ql = head(p, hat)[:, 0]
+        ql = draft_head(p, hat)[:, 0]
         d = decode.sample(ql, keys[j], temp)
         drafts.append(d)
         q_logits.append(ql)
@@ -76,7 +85,8 @@ class Decoder:
       drafts_BK = jnp.stack(drafts, axis=1)
       q_BKV = jnp.stack(q_logits, axis=1)
       seq = jnp.concatenate([pending_B[:, None], drafts_BK], axis=1)  # [B, k+1]
-      h, cache = decode.extend(dims, plan, p, cache, seq, start)
+      out, cache = decode.extend(dims, plan, p, cache, seq, start, with_residual=residual)
+      z, h = latent_and_h(out)
       p_logits = head(p, h)  # [B, k+1, V]; p_logits[:, j] is the law of the token after seq[:, j]
       if temp == 0:
         ok = drafts_BK == jnp.argmax(p_logits[:, :k], axis=-1)
@@ -97,7 +107,7 @@ class Decoder:
         resid_ok = jnp.sum(resid, axis=-1, keepdims=True) > 0
         law = jnp.where((n_acc < k) & resid_ok, resid, pn)
         nxt = jax.random.categorical(keys[k + 1], jnp.log(jnp.maximum(law, 1e-30)), axis=-1).astype(jnp.int32)
-      return n_acc, drafts_BK, nxt, h[:, n_acc], cache
+      return n_acc, drafts_BK, nxt, z[:, n_acc], cache
 
     def plain_loop(p, prompt_BN, rng, new: int):
       n, keys_T = prompt_BN.shape[1], jax.random.split(rng, new)

@@ -3,9 +3,11 @@ one home, the LiftSpec pattern (issue #18): each option's default declared here 
 from the config once (`from_config`) and checked there, so no config file carries defaults and
 no family reads a field with its own `.get(field, default)`.
 
-Where they live in a config is unchanged, so every config (and grid run id) stays as it was:
+Where they live in a config is unchanged (a new option, such as `latent`, is written into every
+nextlat config by `nextlat_section` and so changes those configs' grid run ids):
 `config.model.nextlat` (REFERENCES §4: loss weights λ_h, λ_KL, rollout horizon d, dynamics MLP
-width, self-speculative draft length, whether L_next-h trains the tied embedding),
+width, self-speculative draft length, whether L_next-h trains the tied embedding, which hidden
+state is the latent h),
 `config.model.mtp` (the number of heads d) and `config.data.answer_token` (prompt masking).
 """
 
@@ -17,6 +19,9 @@ import ml_collections
 
 from nsl.errors import ConfigError
 
+# NextLat's h (nsl/models/nextlat.py docstring): after the trunk's final RMSNorm (the vector the
+# tied head reads; the default, the paper's most likely reading) or the residual stream before it.
+LATENTS = ("final_norm", "residual")
 NO_PROMPT_MASKING = -1  # data.answer_token: every next-token target counts (plain text)
 
 
@@ -59,6 +64,7 @@ class NextLatSpec:
   hidden: int = 384  # dynamics MLP width
   draft_len: int = 4  # tokens drafted per self-speculative step (nsl/speculative.py)
   emb_grad: bool = False  # L_next-h also trains the (tied) token embedding fed to the dynamics model
+  latent: str = "final_norm"  # which h: "final_norm" (what the head reads) | "residual" (before the final norm)
 
   @staticmethod
   def from_config(config) -> "NextLatSpec":
@@ -69,6 +75,8 @@ class NextLatSpec:
     spec = _read(NextLatSpec, section, "model.nextlat")
     _at_least("model.nextlat", spec, ("horizon", "hidden", "draft_len"), 1)
     _at_least("model.nextlat", spec, ("lambda_h", "lambda_kl"), 0)
+    if spec.latent not in LATENTS:
+      raise ConfigError(f"config.model.nextlat.latent={spec.latent!r} must be one of {', '.join(LATENTS)}")
     return spec
 
 

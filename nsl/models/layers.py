@@ -251,9 +251,11 @@ class Stack(nn.Module):
   n_layers: int | None = None  # defaults to dims.n_layers (the double decoder splits them)
 
   @nn.compact
-  def __call__(self, x_BSD, slots: attention.Slots | None, cache=None, step=None):
+  def __call__(self, x_BSD, slots: attention.Slots | None, cache=None, step=None, with_residual: bool = False):
     """Training: `slots` -> final-normed x. Cached (`cache`, `step`: see `Attention`; `slots`
-    for a prefill, else None): -> (cache with the step's K/V and metadata, final-normed x). A
+    for a prefill, else None): -> (cache with the step's K/V and metadata, final-normed x).
+    `with_residual`: x becomes the pair (final residual stream before the norm, final-normed x),
+    for latents read before the final norm (NextLat's `latent="residual"`). A
     cached call runs without remat; scanned, it is one layer body with the cache
     read as per-layer K/V slices (scanned inputs), the new K/V the scan's outputs, and the cache
     written once after the scan (so it is updated in place, not copied per layer)."""
@@ -274,7 +276,8 @@ class Stack(nn.Module):
         for i in range(n):
           cache, x_BSD = Block(self.dims, self.rule, layout, name=f"block_{i}")(x_BSD, segment, blk, cache=cache,
                                                                                  step=step, layer=i)
-      return cache.commit(step), RMSNorm(self.dims.norm_eps, name="final_norm")(x_BSD)
+      y_BSD = RMSNorm(self.dims.norm_eps, name="final_norm")(x_BSD)
+      return cache.commit(step), ((x_BSD, y_BSD) if with_residual else y_BSD)
     remat = self.dims.remat != "none"
     if self.dims.scan_layers:
       body = ScannedBlock
@@ -288,7 +291,8 @@ class Stack(nn.Module):
       block_cls = nn.remat(Block, policy=remat_policy(self.dims.remat), static_argnums=()) if remat else Block
       for i in range(n):
         x_BSD = block_cls(self.dims, self.rule, layout, name=f"block_{i}")(x_BSD, segment, blk)
-    return RMSNorm(self.dims.norm_eps, name="final_norm")(x_BSD)
+    y_BSD = RMSNorm(self.dims.norm_eps, name="final_norm")(x_BSD)
+    return (x_BSD, y_BSD) if with_residual else y_BSD
 
 
 def layer_params(stack_params, i: int):

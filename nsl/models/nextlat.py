@@ -6,8 +6,19 @@ and the next token:
 
   ĥ_{t+1} = f_ψ(LayerNorm(concat[h_t, emb(x_{t+1})])) + h_t,   f_ψ a 3-layer GELU MLP,
 
-where h_t is the trunk's final hidden state (after the final RMSNorm: the vector the tied head
-reads, logits = h · Eᵀ) and emb the shared token embedding. Loss:
+where h_t is the trunk's final hidden state and emb the shared token embedding. Which vector
+"the final-layer hidden state" is (`nextlat.latent`, issue #17):
+- `final_norm` (the default): after the final RMSNorm, the vector the tied head reads
+  (logits = h · Eᵀ). This is the paper's most likely reading: it writes the KL term and the
+  drafting step as the head applied to ĥ directly (p(·|ĥ), x ← head(ĥ)), which needs ĥ in the
+  head's input space, and in GPT-style code (`x = ln_f(x); logits = lm_head(x)`) the hidden
+  state handed to the head is the normed one.
+- `residual`: the final residual stream before that norm. L_next-h and the rollout then live in
+  the residual space, and every head read of a latent (L_KL's p^sg, self-speculative drafts)
+  applies the trunk's final RMSNorm first (`read`; frozen for p^sg with the head), so the head
+  still sees a normalised vector. At λ_h = 1 on CPU-scale path-star the final-normed reading
+  collapses the trunk and this one does not (configs/nextlat.py:nextlat_path_star).
+Loss:
 
   L = L_next-token + λ_h · L_next-h + λ_KL · L_KL
   L_next-h = mean_t (1/d) Σ_{i=1..d} SmoothL1(sg[h_{t+i}], ĥ_{t+i})
@@ -39,7 +50,7 @@ head 1 is the plain tied head (next token), head i ≥ 2 is a residual GELU MLP 
 then the tied head, predicting token t+i; loss = mean over heads of their masked CE.
 
 Config (`config.model.nextlat`): lambda_h, lambda_kl, horizon d, hidden (MLP width), draft_len
-(self-speculative decoding, nsl/speculative.py). `config.model.mtp.horizon`. Their defaults and
+(self-speculative decoding, nsl/speculative.py), emb_grad, latent. `config.model.mtp.horizon`. Their defaults and
 checks live in nsl/models/latent_spec.py (`NextLatSpec`, `MTPSpec`).
 """
 
@@ -52,7 +63,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from nsl import masks
+from nsl import attention, masks
 from nsl.models import layers
 from nsl.models.family import Family, train_flops_per_token
 from nsl.models.latent_spec import MTPSpec, NextLatSpec, answer_token
@@ -158,6 +169,7 @@ class LatentLM(LM):
   dyn_hidden: int = 0
   horizon: int = 1
   emb_grad: bool = False  # L_next-h's gradient reaches the token embedding fed to p_ψ
+  latent: str = "final_norm"  # NextLat's h: final_norm | residual (latent_spec.LATENTS)
 
   def setup(self):
     super().setup()
@@ -166,20 +178,46 @@ class LatentLM(LM):
     if self.kind == "mtp":
       self.mtp_heads = [MTPHead(self.dims, name=f"mtp_head_{i}") for i in range(2, self.horizon + 1)]
 
-  def frozen_logits(self, h_BTD):
-    """The head with a stop-gradient copy of its weights (p^sg)."""
+  def latents(self, tokens_BT, segment_BT):
+    """(z, h) [B, T, D]: NextLat's latent z (`latent`: the final-normed h itself, or the final
+    residual stream before the norm) and the final-normed h the next-token head reads."""
+    x = self.embedder.encode(tokens_BT)
+    slots = attention.Slots(masks.Layout.causal(x.shape[1]), segment=segment_BT)
+    r, h = self.trunk(nn.with_logical_constraint(x, ("batch", "length", "act_embed")), slots, with_residual=True)
+    return (r if self.latent == "residual" else h), h
+
+  def read(self, z_BTD, frozen: bool = False):
+    """The vector the head reads for a latent z: z itself (`final_norm`), or the trunk's final
+    RMSNorm applied to it (`residual`; `frozen`: its scale stop-gradient, part of p^sg)."""
+    if self.latent != "residual":
+      return z_BTD
+    scale = nn.unbox(self.trunk.variables["params"]["final_norm"]["scale"])
+    scale = sg(scale) if frozen else scale
+    # The trunk's own norm module, applied with its (possibly frozen) scale; parent=None: a
+    # detached copy (not a new submodule of this model, whose parameter tree stays the LM's).
+    return layers.RMSNorm(self.dims.norm_eps, parent=None).apply({"params": {"scale": scale}}, z_BTD)
+
+  def frozen_logits(self, z_BTD):
+    """The head with a stop-gradient copy of its weights (p^sg): sg[E] on `read(z)`, with the
+    final norm's scale frozen too for `residual` latents."""
+    h_BTD = self.read(z_BTD, frozen=True)
     return jnp.einsum("btd,vd->btv", h_BTD, sg(self.embedder.embedding).astype(h_BTD.dtype),
                       preferred_element_type=jnp.float32)
 
-  def step(self, h_BTD, next_tokens_BT):
-    """One dynamics step ĥ_{t+1} = p_ψ(h_t, x_{t+1}) (used by self-speculative drafting)."""
-    return self.dynamics(h_BTD, self.embedder.encode(next_tokens_BT))
+  def latent_logits(self, z_BTD):
+    """Next-token logits read from a (predicted) latent: the head on `read(z)` (self-speculative
+    drafting reads ĥ this way)."""
+    return self.logits(self.read(z_BTD))
+
+  def step(self, z_BTD, next_tokens_BT):
+    """One dynamics step ĥ_{t+1} = p_ψ(h_t, x_{t+1}) in the latent space (self-speculative drafting)."""
+    return self.dynamics(z_BTD, self.embedder.encode(next_tokens_BT))
 
   def __call__(self, tokens_BT, segment_BT):
-    h = self.hidden(tokens_BT, segment_BT)
+    z, h = self.latents(tokens_BT, segment_BT)
     out = self.logits(h)
     if self.kind == "nextlat":
-      out = out + 0 * self.logits(self.step(h, tokens_BT))
+      out = out + 0 * self.latent_logits(self.step(z, tokens_BT))
     if self.kind == "mtp":
       for head in self.mtp_heads:
         out = out + 0 * self.logits(head(h))
@@ -187,7 +225,7 @@ class LatentLM(LM):
 
   def losses(self, inputs_BT, targets_BT, seg_BT, weights_BT, lambda_h: float = 0.0, lambda_kl: float = 0.0):
     """(total loss, metrics) for one batch; see the module docstring."""
-    h = self.hidden(inputs_BT, seg_BT)
+    z, h = self.latents(inputs_BT, seg_BT)  # z is h unless latent == "residual"
     ce, weight = layers.masked_cross_entropy(self.logits(h), targets_BT, weights_BT)
     metrics = {"weight": weight, "ce": ce}
     total = ce
@@ -195,13 +233,13 @@ class LatentLM(LM):
       emb = self.embedder.encode(inputs_BT)
       if not self.emb_grad:
         emb = sg(emb)  # the tied embedding/head then learns from the next-token loss only
-      r, r_kl = h, sg(h)
+      r, r_kl = z, sg(z)
       lh_terms, kl_terms = [], []
       for i in range(1, self.horizon + 1):
         e_i = shift_left(emb, i)  # emb(x_{t+i})
         r = self.dynamics(r, e_i)
         r_kl = self.dynamics(r_kl, sg(e_i))
-        target = sg(shift_left(h, i))
+        target = sg(shift_left(z, i))
         valid = rollout_valid(seg_BT, i).astype(jnp.float32)
         lh_terms.append(_masked_mean(smooth_l1(r, target), valid))
         kl_w = valid * shift_left(weights_BT, i)
@@ -277,7 +315,8 @@ class NextLatFamily(LatentFamily):
   def make_model(self):
     kind = "nextlat" if self.variant == "nextlat" else "gpt"
     n = self.spec
-    return LatentLM(self.dims, self.rule, kind=kind, dyn_hidden=n.hidden, horizon=n.horizon, emb_grad=n.emb_grad)
+    return LatentLM(self.dims, self.rule, kind=kind, dyn_hidden=n.hidden, horizon=n.horizon, emb_grad=n.emb_grad,
+                    latent=n.latent)
 
   def loss(self, params, batch, rng, step):
     inputs, targets, seg_in, weights = task_targets(batch, self.answer_token)

@@ -14,7 +14,8 @@ def test_configs_sections_are_the_specs_defaults_with_their_changes():
   assert NextLatSpec.from_config(c) == NextLatSpec(hidden=2 * c.model.d_model)  # d = 192
   assert dict(c.model.nextlat) == dict(nextlat_section(hidden=384))
   path_star = NextLatSpec.from_config(nsl_config.load_config("configs/nextlat.py:path_star"))
-  assert (path_star.lambda_h, path_star.horizon, path_star.hidden, path_star.draft_len) == (0.1, 2, 192, 4)
+  assert (path_star.lambda_h, path_star.horizon, path_star.hidden, path_star.draft_len) == (1.0, 2, 384, 4)
+  assert path_star.latent == "residual" and NextLatSpec.from_config(c).latent == "final_norm"  # issue #17
   assert MTPSpec.from_config(nsl_config.load_config("configs/nextlat.py:mtp_tiny")).horizon == 4
   assert answer_token(c) == -1
   assert answer_token(nsl_config.load_config("configs/nextlat.py:gpt_path_star")) == 102
