@@ -1,6 +1,7 @@
 """Exact-match accuracy of a trained run on its planning task's test set (greedy decoding).
 
   python -m nsl.evals.planning --workdir=runs/nextlat_path_star [--limit=1000] [--batch_size=250]
+  python -m nsl.evals.planning --workdir=RUN --all_checkpoints [--limit=500]
 
 Reads the run's config.json and latest checkpoint, the task test set of its data dir
 (`task_test.npz`, nsl/data/tasks/task_data.py), decodes every prompt greedily with the family's
@@ -10,6 +11,13 @@ same length) for the task's answer length, and scores with the task's checker (p
 Prints one JSON line and writes it to WORKDIR/planning.json. For path-star it also reports the
 accuracy of the first decision after the start node (`first_step_acc`): the token a
 next-token-trained model gets only by chance 1/d ("Clever Hans", Bachmann & Nagarajan 2024).
+
+`--all_checkpoints`: the learning curve instead. Every kept checkpoint of the run (train with a
+large `checkpoint.keep`) is restored and scored the same way, and each point carries the
+training record at that step (the last metrics.jsonl line at or before it: `ce`, and for
+NextLat `next_h` = L_next-h and `kl`), so first-decision accuracy and L_next-h are read against
+steps from one file, WORKDIR/planning_curve.json. Points already in that file (same test
+problems) are kept, so rerunning after more checkpoints scores only the new ones.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import time
 
 import numpy as np
 
-from nsl.errors import ArgumentParser, cli_main
+from nsl.errors import ArgumentParser, NslError, cli_main
 
 
 def load_run(workdir: str):
@@ -39,28 +47,121 @@ def greedy_batch(family, params, prompts_BN: np.ndarray, new_tokens: int) -> np.
   return np.asarray(family.generate(params, jnp.asarray(prompts_BN, jnp.int32), new_tokens)[0])
 
 
-def evaluate(workdir: str, limit: int | None = None, batch_size: int = 250, data_dir: str | None = None) -> dict:
+def _test_set(config, limit: int | None, data_dir: str | None):
   from nsl.data.tasks import task_data
 
-  config, family, params = load_run(workdir)
   data_dir = data_dir or str(config.data.path)
   task = task_data.task_of(data_dir)
   prompts, answers = task_data.load_test(data_dir)
   if limit:
     prompts, answers = prompts[:limit], answers[:limit]
+  return task, prompts, answers
+
+
+def score(task, family, params, prompts, answers, batch_size: int) -> dict:
+  """Exact-match accuracy (and path-star's first decision) of greedy answers to `prompts`."""
   t0 = time.time()
   outs = [greedy_batch(family, params, prompts[i:i + batch_size], task.answer_len())
           for i in range(0, len(prompts), batch_size)]
   outputs = np.concatenate(outs)
   correct = np.array([task.is_correct(p, o, a) for p, o, a in zip(prompts, outputs, answers)])
-  result = {"workdir": workdir, "task": task.name, **task.params(), "family": config.family,
-            "variant": config.model.variant, "test_problems": int(len(prompts)),
-            "accuracy": float(correct.mean()), "seconds": round(time.time() - t0, 2)}
+  result = {"accuracy": float(correct.mean())}
   if task.name == "path_star":
     result["first_step_acc"] = float(np.mean(outputs[:, 1] == answers[:, 1]))
-    result["chance_first_step"] = 1.0 / task.d
-  with open(os.path.join(workdir, "planning.json"), "w", encoding="utf-8") as f:
-    json.dump(result, f, indent=1)
+  result["seconds"] = round(time.time() - t0, 2)
+  return result
+
+
+def _header(workdir, config, task, prompts) -> dict:
+  head = {"workdir": workdir, "task": task.name, **task.params(), "family": config.family,
+          "variant": config.model.variant, "test_problems": int(len(prompts))}
+  if task.name == "path_star":
+    head["chance_first_step"] = 1.0 / task.d
+  return head
+
+
+def _write(path: str, obj: dict) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=1)
+  os.replace(tmp, path)  # a killed eval leaves the previous file, not half of one
+
+
+def evaluate(workdir: str, limit: int | None = None, batch_size: int = 250, data_dir: str | None = None) -> dict:
+  config, family, params = load_run(workdir)
+  task, prompts, answers = _test_set(config, limit, data_dir)
+  result = {**_header(workdir, config, task, prompts), **score(task, family, params, prompts, answers, batch_size)}
+  _write(os.path.join(workdir, "planning.json"), result)
+  return result
+
+
+TRAIN_FIELDS = ("ce", "next_h", "next_h_last", "kl", "loss")  # from metrics.jsonl, where the family logs them
+
+
+def train_record(workdir: str) -> dict[int, dict]:
+  """step -> that metrics.jsonl line's TRAIN_FIELDS (a resumed run's repeated steps: the last)."""
+  rows: dict[int, dict] = {}
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.isfile(path):
+    return rows
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError:  # a line cut by a kill
+        continue
+      if "step" in row and "ce" in row:  # training lines (eval lines carry no `ce`)
+        rows[int(row["step"])] = {k: row[k] for k in TRAIN_FIELDS if k in row}
+  return rows
+
+
+def checkpoint_params(workdir: str, config, family, steps_done=()):
+  """(step, params) of every complete checkpoint of the run not in `steps_done`, oldest first."""
+  import orbax.checkpoint as ocp
+
+  from nsl.evals import common
+
+  directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+  if not os.path.isdir(directory):
+    raise NslError(f"--workdir={workdir!r}: no checkpoints directory at {directory}")
+  abstract = common.abstract_train_state(config, family)
+  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
+  try:
+    for step in sorted(manager.all_steps()):
+      if step not in steps_done:
+        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+        yield int(step), restored["state"].params
+  finally:
+    manager.close()
+
+
+def evaluate_curve(workdir: str, limit: int | None = None, batch_size: int = 250,
+                   data_dir: str | None = None) -> dict:
+  """Every kept checkpoint scored (see the module docstring); writes WORKDIR/planning_curve.json."""
+  from nsl.evals import common
+  from nsl.models import registry
+
+  config = common.load_config(workdir)
+  family = registry.get_family(config)
+  task, prompts, answers = _test_set(config, limit, data_dir)
+  head = _header(workdir, config, task, prompts)
+  path = os.path.join(workdir, "planning_curve.json")
+  points: dict[int, dict] = {}
+  if os.path.isfile(path):
+    with open(path, encoding="utf-8") as f:
+      old = json.load(f)
+    if {k: old.get(k) for k in head if k != "workdir"} == {k: v for k, v in head.items() if k != "workdir"}:
+      points = {int(p["step"]): p for p in old.get("points", [])}  # same test set: keep them
+  record = train_record(workdir)
+  for step, params in checkpoint_params(workdir, config, family, steps_done=set(points)):
+    logged = [s for s in record if s <= step]
+    train = dict(record[max(logged)], logged_step=max(logged)) if logged else {}
+    points[step] = {"step": step, **score(task, family, params, prompts, answers, batch_size), "train": train}
+    _write(path, {**head, "points": [points[s] for s in sorted(points)]})  # a killed eval keeps the scored ones
+  if not points:
+    raise NslError(f"--workdir={workdir!r}: no complete checkpoint to score")
+  result = {**head, "points": [points[s] for s in sorted(points)]}
+  _write(path, result)
   return result
 
 
@@ -71,7 +172,14 @@ def main(argv=None) -> int:
   p.add_argument("--limit", type=int, default=None, help="first N test problems only")
   p.add_argument("--batch_size", type=int, default=250)
   p.add_argument("--data", default=None, help="task data dir (default: the run's data.path)")
+  p.add_argument("--all_checkpoints", action="store_true",
+                 help="score every kept checkpoint: the learning curve in WORKDIR/planning_curve.json")
   a = p.parse_args(argv)
+  if a.all_checkpoints:
+    curve = evaluate_curve(a.workdir, a.limit, a.batch_size, a.data)
+    for point in curve["points"]:
+      print(json.dumps(point))
+    return 0
   print(json.dumps(evaluate(a.workdir, a.limit, a.batch_size, a.data)))
   return 0
 

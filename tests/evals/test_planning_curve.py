@@ -1,0 +1,80 @@
+"""`nsl.evals.planning --all_checkpoints`: every kept checkpoint scored as the final one would be,
+joined with the training record at its step, and kept across reruns (only new steps scored)."""
+
+import json
+import os
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from configs import nextlat as nextlat_configs
+from nsl import checkpoint
+from nsl import config as nsl_config
+from nsl.data.tasks import path_star, planning_dir
+from nsl.evals import planning
+from nsl.models import registry
+from nsl.train import state as train_state
+
+SPEC = "task:path_star:d=2,l=3,n_train=32,n_test=12,seed=0"
+
+
+def _run(tmp_path):
+  data = str(tmp_path / "data")
+  planning_dir.write(data, SPEC, path_star.PathStar(d=2, l=3, n_train=32, n_test=12, seed=0))
+  c = nextlat_configs.path_star_data(nextlat_configs.gpt_path_star(), d=2, l=3, n_train=32, n_test=12)
+  c.data.path = data
+  c.model.update(d_model=32, n_layers=1, n_heads=2, d_ff=64)
+  nsl_config.validate(c)
+  workdir = str(tmp_path / "run")
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(nsl_config.to_dict(c), f)
+  with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+    for step, ce in ((5, 3.0), (10, 2.5), (15, 2.0)):
+      f.write(json.dumps({"step": step, "ce": ce, "loss": ce, "tokens": step}) + "\n")
+    f.write(json.dumps({"step": 15, "eval": {"val": 9.0}}) + "\n")  # not a training line
+  return c, registry.get_family(c), workdir
+
+
+def _state(family, config, seed):
+  params = nn.unbox(family.init(jax.random.PRNGKey(seed)))
+  params["embed"]["embedding"] = params["embed"]["embedding"] * 40.0  # sharp: seeds answer differently
+  return train_state.create(params, train_state.make_optimizer(config))
+
+
+def _save(workdir, steps_seeds, family, config):
+  ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), keep=10, async_save=False)
+  for step, seed in steps_seeds:
+    ckpt.save(step, _state(family, config, seed), None, {})
+  ckpt.close()
+
+
+def test_every_checkpoint_scored_with_its_train_record(tmp_path, monkeypatch):
+  config, family, workdir = _run(tmp_path)
+  _save(workdir, [(10, 0), (20, 1)], family, config)
+  task, prompts, answers = planning._test_set(config, None, None)
+  direct = {s: planning.score(task, family, _state(family, config, seed).params, prompts, answers, 8)
+            for s, seed in ((10, 0), (20, 1))}
+  curve = planning.evaluate_curve(workdir, batch_size=8)
+  assert [p["step"] for p in curve["points"]] == [10, 20]
+  for p in curve["points"]:
+    for k in ("accuracy", "first_step_acc"):
+      assert p[k] == direct[p["step"]][k]
+  assert curve["points"][0]["train"] == {"ce": 2.5, "loss": 2.5, "logged_step": 10}
+  assert curve["points"][1]["train"]["logged_step"] == 15  # the last logged step at or before 20
+  assert curve["chance_first_step"] == 0.5 and curve["test_problems"] == 12
+  with open(os.path.join(workdir, "planning_curve.json")) as f:
+    assert json.load(f) == curve
+
+  # Rerun after one more checkpoint: only the new step is scored, the old points are kept.
+  _save(workdir, [(30, 2)], family, config)
+  scored = []
+  real = planning.score
+  monkeypatch.setattr(planning, "score", lambda *a, **k: scored.append(1) or real(*a, **k))
+  assert planning.main(["--workdir", workdir, "--all_checkpoints", "--batch_size=8"]) == 0
+  assert len(scored) == 1
+  with open(os.path.join(workdir, "planning_curve.json")) as f:
+    again = json.load(f)
+  assert [p["step"] for p in again["points"]] == [10, 20, 30]
+  assert again["points"][:2] == curve["points"]
