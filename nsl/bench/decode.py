@@ -22,7 +22,13 @@ Model-size and window overrides take the launcher's form: `--config.model.window
 Other families: a `double_decoder` config is compared with decoder-only at matched size (KV-cache
 bytes and decode tokens/s, `nsl.models.dd_decode.compare`); a `nextlat` config compares plain and
 self-speculative decoding (tokens/s, mean accepted tokens per draft; `--workdir=RUN` for a
-trained model, whose validation rows give the prompts).
+trained model, whose validation rows give the prompts: for a planning task, `--prompt_len` = the
+task's prompt length and `--new_tokens` = its answer length decode exactly the answers).
+`--draft_lens=2,4,6,8` sweeps the draft length in one run (REFERENCES §4: fixed draft lengths
+2-10): per length a `plain` and a `speculative` line measured side by side (plain and
+speculative alternating prompt by prompt), then one `sweep` line with the tokens per draft and
+the speed-up against plain decoding for every length, and whether every greedy speculative
+output equalled plain greedy decoding.
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ def _parse(argv):
                  help="prefill layout of the SPS variants (default: nsl.models.sps.default_layout per variant)")
   p.add_argument("--workdir", default=None,
                  help="nextlat: a trained run (acceptance depends on the weights; prompts from its validation data)")
+  p.add_argument("--draft_lens", default=None,
+                 help="nextlat: comma-separated draft lengths to sweep, e.g. 2,4,6,8 (default: the config's draft_len)")
   p.add_argument("--window", type=int, default=None,
                  help="temporary-key window w for sps/delayed_state/reverse_sps (default: the config's, else 64)")
   from nsl.config import split_overrides
@@ -66,6 +74,13 @@ def _parse(argv):
       raise ConfigError(f"--variants: unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
   if min(args.prompt_len, args.new_tokens, args.batch, args.repeats) < 1:
     raise ConfigError("--prompt_len, --new_tokens, --batch and --repeats must be >= 1")
+  if args.draft_lens is not None:
+    try:
+      args.draft_lens = [int(k) for k in args.draft_lens.split(",") if k.strip()]
+    except ValueError:
+      raise ConfigError(f"--draft_lens={args.draft_lens!r} must be comma-separated integers, e.g. 2,4,6,8") from None
+    if not args.draft_lens or min(args.draft_lens) < 1:
+      raise ConfigError("--draft_lens needs at least one draft length, each >= 1")
   return args, overrides
 
 
@@ -212,11 +227,10 @@ def _double_decoder(base, args) -> int:
 
 
 def _nextlat(base, args) -> int:
-  """Plain vs self-speculative decoding (`nsl.speculative.measure`), one after the other."""
+  """Plain vs self-speculative decoding (`speculative_sweep`) for each of `--draft_lens`."""
   import flax.linen as nn
   import numpy as np
 
-  from nsl import speculative
   from nsl.models import registry
 
   if args.workdir:
@@ -234,11 +248,32 @@ def _nextlat(base, args) -> int:
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, base.model.vocab_size, args.prompt_len).astype(np.int32) for _ in range(args.batch)]
     weights = "random (pass --workdir=RUN for a trained model: acceptance depends on the weights)"
-  result = speculative.measure(family, params, prompts, args.new_tokens)
-  for mode in ("plain", "speculative"):
-    print(json.dumps({"mode": mode, **result[mode], "setup": dict(result["setup"], weights=weights,
-                                                                    config=args.config)}), flush=True)
+  for row in speculative_sweep(family, params, prompts, args.new_tokens, args.draft_lens):
+    row["setup"] = dict(row["setup"], weights=weights, config=args.config)
+    print(json.dumps(row), flush=True)
   return 0
+
+
+def speculative_sweep(family, params, prompts, new_tokens: int, draft_lens=None):
+  """JSON rows for each draft length k (None: the config's `draft_len`): `plain` and
+  `speculative` (`nsl.speculative.measure`, side by side), then with several lengths one
+  `sweep` row: tokens per draft, speed-up over plain decoding and greedy_match per k."""
+  from nsl import speculative
+
+  rows, sweep = [], []
+  for k in draft_lens or [None]:
+    result = speculative.measure(family, params, prompts, new_tokens, draft_len=k)
+    for mode in ("plain", "speculative"):
+      rows.append({"mode": mode, **result[mode], "setup": dict(result["setup"])})
+    spec = result["speculative"]
+    sweep.append({"draft_len": result["setup"]["draft_len"], "tokens_per_draft": spec["mean_tokens_per_draft"],
+                  "speedup": spec["speedup"], "plain_tokens_per_s": result["plain"]["tokens_per_s"],
+                  "speculative_tokens_per_s": spec["tokens_per_s"], "greedy_match": spec.get("greedy_match")})
+  if len(sweep) > 1:
+    setup = {k: v for k, v in rows[0]["setup"].items() if k != "draft_len"}
+    rows.append({"mode": "sweep", "draft_lens": [s["draft_len"] for s in sweep], "points": sweep,
+                 "greedy_match": all(s["greedy_match"] for s in sweep), "setup": setup})
+  return rows
 
 
 OTHER_FAMILIES = {"double_decoder": _double_decoder, "nextlat": _nextlat}
