@@ -29,11 +29,13 @@ Curves: checkpoints every 100 steps, all kept; `python -m nsl.evals.planning --w
 --all_checkpoints --limit=500` scores each (first-decision accuracy, exact match) beside the
 L_next-h, L_KL and CE logged at that step (WORKDIR/planning_curve.json).
 
-Cost (s/step measured here for nextlat at G_{2,5} 3L/96d: 0.63 on this shared machine at load
-≈ 9, so ≈ 0.3 on 2 quiet cores; the rest scaled by trunk FLOPs and tokens per step): on 2 quiet
-cores g25_n20k_3L96 ≈ 5.5 / 8 / 6.5 min (gpt / nextlat / mtp), g25_n100k_4L128 ≈ 12.5 / 19 / 15,
-g35_n20k_3L96 ≈ 8 / 11 / 9; seed 0 ≈ 102 min, seeds 1-2 at the smallest setting ≈ 40: ≈ 2.4 CPU
-hours in all, every model under 25 minutes (on a loaded machine about twice that).
+Cost, measured here on a machine shared at load ≈ 9-10 (2 cores): nextlat 0.63 s/step at
+g25_n20k_3L96 and 0.88 at g25_n100k_4L128; gpt 0.65 at load ≈ 9 and 0.17 in a quieter minute
+(11.8k tokens/s). On 2 quiet cores (about half the loaded figures; mtp between gpt and nextlat,
+G_{3,5} ×1.4 for its 44 tokens per problem) that is per 1500-step cell ≈ 5 / 8 / 6 min (gpt /
+nextlat / mtp) at g25_n20k_3L96, ≈ 7 / 11 / 8 at g25_n100k_4L128 and g35_n20k_3L96: seed 0
+≈ 80 min with nextlat_fn, seeds 1-2 ≈ 40 at g25_n20k_3L96 (≈ 52 if FINAL is a larger rung),
+≈ 2 CPU hours in all, every model well under 25 minutes.
 
   python -m nsl.scaling.grid run --grid=configs/grids/path_star_cpu.py --root=runs/path_star_cpu
   for d in runs/path_star_cpu/*/; do python -m nsl.evals.planning --workdir=$d --all_checkpoints --limit=500; done
