@@ -50,14 +50,23 @@ def _save(workdir, steps_seeds, family, config):
   ckpt.close()
 
 
+def _fingerprint(params) -> float:
+  return round(float(np.asarray(params["embed"]["embedding"]).sum()), 3)
+
+
 def test_every_checkpoint_scored_with_its_train_record(tmp_path, monkeypatch):
   config, family, workdir = _run(tmp_path)
   _save(workdir, [(10, 0), (20, 1)], family, config)
   task, prompts, answers = planning._test_set(config, None, None)
   direct = {s: planning.score(task, family, _state(family, config, seed).params, prompts, answers, 8)
             for s, seed in ((10, 0), (20, 1))}
+  decoded = []  # which parameters each point was decoded with (untrained models score alike)
+  greedy = planning.greedy_batch
+  monkeypatch.setattr(planning, "greedy_batch", lambda f, p, *a: decoded.append(_fingerprint(p)) or greedy(f, p, *a))
   curve = planning.evaluate_curve(workdir, batch_size=8)
   assert [p["step"] for p in curve["points"]] == [10, 20]
+  per_step = [_fingerprint(_state(family, config, seed).params) for seed in (0, 1)]
+  assert per_step[0] != per_step[1] and sorted(set(decoded), key=decoded.index) == per_step
   for p in curve["points"]:
     for k in ("accuracy", "first_step_acc"):
       assert p[k] == direct[p["step"]][k]
