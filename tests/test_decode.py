@@ -1,5 +1,7 @@
 """KV-cache generation equals recomputing the whole sequence, for standard and every SPS variant."""
 
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -110,7 +112,7 @@ def test_cache_sizes(variant, window, slots):
   """Per layer and row: T slots for standard, T + w for sps / delayed / reverse, 2T for 2x memory."""
   fam, _ = _family(variant, window, init=False)
   cache = decode.init_cache(fam.dims, fam.slot_plan(), batch=2, max_tokens=20)
-  assert cache.size == cache.k.shape[2] == slots
+  assert cache.size == cache.k.shape[4] == cache.v.shape[3] == slots  # K [L, B, H, Dh, S], V [L, B, H, S, Dh]
   per_slot = 2 * fam.dims.n_layers * 2 * fam.dims.d_model * 4  # K and V, layers, rows, float32
   assert decode.cache_bytes(cache)["persistent"] + decode.cache_bytes(cache)["ring"] == slots * per_slot
   assert decode.cache_bytes(cache)["ring"] == (window or 0) * per_slot * (variant not in ("standard", "twox_memory"))
@@ -160,7 +162,51 @@ def test_unrolled_stack_takes_the_cache_like_the_scanned_one():
   np.testing.assert_allclose(h1, h2, atol=1e-5)
   np.testing.assert_allclose(c1.k, c2.k, atol=1e-5)
   np.testing.assert_array_equal(c1.segment, c2.segment)
-  assert float(jnp.abs(c1.k[:, :, :PROMPT]).min()) > 0 and float(jnp.abs(c1.k[:, :, PROMPT:]).max()) == 0
+  assert float(jnp.abs(c1.k[..., :PROMPT]).min()) > 0 and float(jnp.abs(c1.k[..., PROMPT:]).max()) == 0
+
+
+def _compiled_decode_loop(variant="standard", window=None, family="standard"):
+  """(XLA's compiled text of `decode_loop` after a prefill, the cache it decodes with)."""
+  fam, params = _family(variant, window, family=family)
+  dims, plan = fam.dims, fam.slot_plan()
+  logits, cache = decode.prefill_jit(dims, plan, params, jnp.asarray(_prompt()), PROMPT + NEW)
+  hlo = decode.decode_loop.lower(dims, plan, params, cache, logits, NEW, jnp.float32(0), jnp.int32(PROMPT),
+                                 jax.random.PRNGKey(0)).compile().as_text()
+  return hlo, cache
+
+
+def _computations(hlo):
+  """{computation name: its instruction lines} of an HLO module's text, and the entry's name."""
+  comps, name, entry = {}, None, None
+  for line in hlo.splitlines():
+    head = re.match(r"(ENTRY )?%(\S+) ", line)
+    if head and line.rstrip().endswith("{"):
+      name = head.group(2)
+      comps[name] = []
+      entry = name if head.group(1) else entry
+    elif name and line.startswith("  "):
+      comps[name].append(line.strip())
+  return comps, entry
+
+
+def _called(lines, attrs=("calls", "body", "condition", "to_apply", "branch_computations")):
+  """Names of the computations that instructions `lines` call through `attrs`."""
+  out = set()
+  for line in lines:
+    for attr, one, many in re.findall(r"(\w+)=(?:%([\w.-]+)|\{([^}]*)\})", line):
+      if attr in attrs:
+        out |= {one} if one else {n.strip().lstrip("%") for n in many.split(",")}
+  return out
+
+
+def _shape(dims):
+  return "f32[" + ",".join(map(str, dims)) + "]"
+
+
+def _made(line):
+  """(result type, opcode) of an instruction line, e.g. ('f32[2,2,16,17]', 'fusion')."""
+  m = re.match(r"(?:ROOT )?%\S+ = (\w+\[[\d,]*\])\S* ([\w-]+)\(", line)
+  return (m.group(1), m.group(2)) if m else (None, None)
 
 
 def test_decode_loop_copies_no_cache_inside_its_loops():
@@ -168,22 +214,57 @@ def test_decode_loop_copies_no_cache_inside_its_loops():
   (`KVCache.layer_view` / `write_layers`): the compiled decode loop copies no whole K/V cache
   inside a loop body. (Scattering into the full cache carried through the layer scan made XLA
   copy it twice per layer for K and V: decode ~2x slower than before the shared cache.)"""
-  import re
-
-  fam, params = _family("standard", None, family="standard")
-  dims, plan = fam.dims, fam.slot_plan()
-  prompt = jnp.asarray(_prompt())
-  logits, cache = decode.prefill_jit(dims, plan, params, prompt, PROMPT + NEW)
-  hlo = decode.decode_loop.lower(dims, plan, params, cache, logits, NEW, jnp.float32(0), jnp.int32(PROMPT),
-                                 jax.random.PRNGKey(0)).compile().as_text()
-  shape = "f32[" + ",".join(map(str, cache.k.shape)) + "]"
-  in_loop, entry = [], False
-  for line in hlo.splitlines():
-    if line and not line.startswith(" ") and line.rstrip().endswith("{"):
-      entry = line.startswith("ENTRY")  # a new computation; only the entry runs once
-    elif re.search(r"= " + re.escape(shape) + r"\S* copy\(", line) and not entry:
-      in_loop.append(line.strip()[:100])
+  hlo, cache = _compiled_decode_loop()
+  comps, entry = _computations(hlo)
+  full = {_shape(cache.k.shape), _shape(cache.v.shape)}
+  in_loop = [line[:100] for name, lines in comps.items() if name != entry for line in lines
+             if _made(line) in {(f, "copy") for f in full}]
   assert "while" in hlo and not in_loop, in_loop
+
+
+@pytest.mark.parametrize("variant,window,family", [("standard", None, "standard"), ("sps", 3, "sps")])
+def test_decode_attention_reads_each_layer_slice_as_stored(variant, window, family):
+  """Inside the compiled decode loop the only arrays as large as one layer's K or V are those
+  slices as the cache stores them (K [B, H, Dh, S], V [B, H, S, Dh]) and the cache itself: the
+  new slots' keys are scored apart, not concatenated to the cache, and no slice is transposed
+  (a slot-major cache concatenated with the new keys made XLA transpose-copy every layer's K and V
+  on every token, ~70% of an XS decode step on CPU; the one- and the two-slot (SPS) step alike)."""
+  hlo, cache = _compiled_decode_loop(variant, window, family)
+  comps, entry = _computations(hlo)
+  fused = set().union(*(_called(lines, ("calls",)) for lines in comps.values()))
+  k_l, v_l = cache.k.shape[1:], cache.v.shape[1:]
+  allowed = {_shape(k_l), _shape(v_l), _shape(cache.k.shape), _shape(cache.v.shape)}
+  big = []
+  for name, lines in comps.items():
+    if name == entry or name in fused:
+      continue  # the entry runs once; a fused computation's values are not materialised
+    for line in lines:
+      kind, op = _made(line)
+      dims = [int(d) for d in kind[4:-1].split(",") if d] if kind and kind.startswith("f32[") else []
+      if op not in (None, "parameter", "get-tuple-element") and len(dims) >= 4 and np.prod(dims) >= np.prod(k_l):
+        big.append(kind)
+  assert set(big) <= allowed, sorted(set(big) - allowed)
+  assert big.count(_shape(k_l)) == big.count(_shape(v_l)) == 1, big  # read once each, not re-laid out
+
+
+def test_greedy_decoding_draws_no_random_bits():
+  """`sample` draws its Gumbel noise (B x V random bits a token) in a `lax.cond` branch taken only
+  when temperature > 0: outside the conditionals' branches no computation makes [B, V] bits."""
+  hlo, _ = _compiled_decode_loop()
+  comps, _ = _computations(hlo)
+  branches = set().union(*(_called(lines, ("branch_computations",)) for lines in comps.values()))
+  reach, todo = set(), list(branches)
+  while todo:  # every computation a branch runs (its loops, fusions, ...)
+    name = todo.pop()
+    if name not in reach:
+      reach.add(name)
+      todo.extend(_called(comps.get(name, [])))
+  bits = "u32[2,264]"  # rows x vocabulary (the test model's)
+  made = lambda lines: any(_made(line)[0] == bits and _made(line)[1] not in ("parameter", "get-tuple-element")
+                           for line in lines)
+  assert any(made(comps[n]) for n in reach)  # the sampling branch makes them
+  outside = [n for n, lines in comps.items() if n not in reach and made(lines)]
+  assert branches and not outside, outside
 
 
 def test_a_family_without_this_decoder_is_a_config_error():
