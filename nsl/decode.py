@@ -9,8 +9,10 @@ group per new token, both through the model's own `layers.Stack` with a `kv_cach
 - **prefill** runs the prompt's slots in the family's physical layout through the training path
   (`nsl.attention.attend`, chunked on CPU) and writes every layer's K/V;
 - **extend** / **decode** feed new groups (one, or a self-speculative round's k+1): queries are
-  their slots, keys the cache plus their own, visibility the family's `masks.Rule` evaluated by
-  `attention.attend_dense` on explicit per-slot fields (positions are dynamic here).
+  their slots, keys the cache plus their own, visibility the family's `masks.Rule` on explicit
+  per-slot fields (positions are dynamic here), in `KVCache.attend` (attend_dense's softmax with
+  the cached and the new keys scored apart, over the cache's head-major layout). Only the
+  read-out slot of each group reaches the head (one B x V product per decoded token).
 
 The cache (nsl/models/kv_cache.py) keeps persistent slots for every token and the temporary
 slot of the last w tokens in a ring: per layer and row T slots for standard, T + w for sps /

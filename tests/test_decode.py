@@ -247,6 +247,16 @@ def test_decode_attention_reads_each_layer_slice_as_stored(variant, window, fami
   assert big.count(_shape(k_l)) == big.count(_shape(v_l)) == 1, big  # read once each, not re-laid out
 
 
+def test_sps_decode_step_computes_the_head_for_the_read_out_slot_only():
+  """A decoded SPS token is two slots (x, ρ) through the trunk, but only ρ's logits are read: the
+  compiled decode loop has one vocabulary-wide product, over the B rows (not B x 2 slots)."""
+  hlo, _ = _compiled_decode_loop("sps", 3, "sps")
+  comps, _ = _computations(hlo)
+  made = [_made(line) for lines in comps.values() for line in lines]
+  heads = [kind for kind, op in made if op == "dot" and kind.endswith(",264]")]  # over the test model's vocabulary
+  assert heads == ["f32[2,264]"], heads
+
+
 def test_greedy_decoding_draws_no_random_bits():
   """`sample` draws its Gumbel noise (B x V random bits a token) in a `lax.cond` branch taken only
   when temperature > 0: outside the conditionals' branches no computation makes [B, V] bits."""
