@@ -4,9 +4,9 @@ Per seed, in the order the runner starts them (a cell that names a teacher cell,
 waits until that cell is done; `nsl.scaling.grid`):
   standard_s5_8x   the bounded-depth teacher: the standard model trained 8x longer (3,200 steps)
   lift_rnn_s5      LIFT-RNN, its own states fed back sequentially in training
+  lift_s5          LIFT trained in parallel on that seed's LIFT-RNN states (its own fed-back states)
   standard_s5      the standard 2-layer baseline (400 steps)
   lift_s5_oracle   LIFT on the oracle `labels` teacher: an upper bound, not the paper's LIFT
-  lift_s5          LIFT trained in parallel on that seed's LIFT-RNN states (its own fed-back states)
   lift_s5_bounded  LIFT on that seed's standard_s5_8x
 
 Every model is configs/lift.py's (2 layers, d = 256, ≈2M parameters, 400 steps of 128 sequences;
@@ -32,8 +32,7 @@ def get_grid():
   grids = []
   for seed in SEEDS:
     s = f"seed{seed}"
-    arms = [_arm("standard_s5_8x"), _arm("lift_rnn_s5"), _arm("standard_s5"), _arm("lift_s5_oracle"),
-            _arm("lift_s5", teacher=f"@cell:{s}-lift_rnn_s5"),
-            _arm("lift_s5_bounded", teacher=f"@cell:{s}-standard_s5_8x")]
+    arms = [_arm("standard_s5_8x"), _arm("lift_rnn_s5"), _arm("lift_s5", teacher=f"@cell:{s}-lift_rnn_s5"),
+            _arm("standard_s5"), _arm("lift_s5_oracle"), _arm("lift_s5_bounded", teacher=f"@cell:{s}-standard_s5_8x")]
     grids.append({"axes": {"seed": [{"_label": s, "seed": seed}], "arm": arms}})
   return grids
