@@ -77,6 +77,9 @@ def _mean_sd(xs: list[float]) -> tuple[float, float]:
   return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
+TREND_HORIZON = 100  # extrapolations past 100x the tokens trained are reported as not closing
+
+
 def crossing(gap_curve: list[tuple[int, float]]) -> dict:
   """Where a mean gap curve [(tokens, Δ)] reaches 0: observed, or the late log-linear trend."""
   for (t0, g0), (t1, g1) in zip(gap_curve, gap_curve[1:]):
@@ -92,7 +95,10 @@ def crossing(gap_curve: list[tuple[int, float]]) -> dict:
   slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
   if slope >= 0:
     return {"kind": "not closing", "slope_per_e": slope}
-  return {"kind": "trend", "tokens": math.exp(mx + (0.0 - my) / slope), "slope_per_e": slope}
+  log_t = mx + (0.0 - my) / slope
+  if log_t > math.log(TREND_HORIZON * gap_curve[-1][0]):  # a flat slope says "never" more honestly
+    return {"kind": f"not closing within {TREND_HORIZON}x the budget", "slope_per_e": slope}
+  return {"kind": "trend", "tokens": math.exp(log_t), "slope_per_e": slope}
 
 
 def summarise(cells: list[dict], baseline: tuple[str, str] | None) -> list[dict]:

@@ -64,6 +64,8 @@ def test_rows_gaps_and_crossings(tmp_path):
 
 def test_widening_gap_is_not_closing():
   assert study.crossing([(10, 0.1), (20, 0.2), (40, 0.3), (80, 0.4), (160, 0.5), (320, 0.6)])["kind"] == "not closing"
+  flat = study.crossing([(10, 0.5), (20, 0.5), (40, 0.5), (80, 0.499), (160, 0.498), (320, 0.497)])
+  assert flat["kind"] == "not closing within 100x the budget" and "tokens" not in flat
 
 
 def test_cli_table_and_plot(tmp_path, capsys):
