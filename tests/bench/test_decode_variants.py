@@ -1,0 +1,27 @@
+"""`python -m nsl.bench.decode` on an SPS config: one JSON line per variant, the first call split
+into its compile (per program) and the rest, and ratios against `standard` measured side by side."""
+
+import json
+import os
+
+from nsl.bench import decode as bench_decode
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = ["--config.model.vocab_size=4160", "--config.model.d_model=32", "--config.model.n_layers=2",
+        "--config.model.n_heads=2", "--config.model.d_ff=64"]
+
+
+def test_variants_report_compile_and_ratios(capsys):
+  argv = [f"--config={ROOT}/configs/sps.py:tiny", *TINY, "--variants=standard,sps", "--prompt_len=8",
+          "--new_tokens=4", "--batch=2", "--repeats=1", "--window=4"]
+  assert bench_decode.main(argv) == 0
+  rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+  assert [r["variant"] for r in rows] == ["standard", "sps"]
+  for r in rows:
+    c = r["compile_s"]
+    assert set(c) == {"prefill", "decode", "total"} and c["prefill"] > 0 and c["decode"] > 0
+    assert abs(c["total"] - c["prefill"] - c["decode"]) < 2e-3 and c["total"] <= r["first_call_s"]
+    assert r["decode_tokens_per_sec"] > 0 and r["prefill_tokens_per_sec"] > 0
+  sps = rows[1]
+  assert sps["window"] == 4 and sps["kv_cache_vs_standard"] > 1.0
+  assert sps["decode_speed_vs_standard"] == sps["decode_tokens_per_sec"] / rows[0]["decode_tokens_per_sec"]
