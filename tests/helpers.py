@@ -98,3 +98,38 @@ def run_cli(*args: str, env: dict | None = None, timeout: int = 600) -> subproce
   full_env["XLA_FLAGS"] = SUBPROCESS_XLA_FLAGS
   return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, env=full_env,
                         timeout=timeout)
+
+
+def nextlat_rollout_losses(fam, params, inputs, seg, weights, z, horizon: int, head_in=lambda v: v):
+  """NextLat's L_next-h and L_KL per horizon i = 1..horizon (REFERENCES §4) by explicit
+  per-(row, t, i) rollouts of the dynamics model from latents `z` [B, T, D]: ĥ_{t+i} is i steps
+  of `step` from z_t fed x_{t+1..t+i}, never across a document boundary; L_next-h is the mean
+  SmoothL1 to z_{t+i}, L_KL the weighted KL of the head's distributions at `head_in(z_{t+i})` and
+  `head_in(ĥ_{t+i})`. Returns (lh, kl), one float per horizon."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  z, seg, weights = np.asarray(z), np.asarray(seg), np.asarray(weights)
+  emb = np.asarray(params["embed"]["embedding"])
+  t_len = inputs.shape[1]
+  lh, kl = [], []
+  for i in range(1, horizon + 1):
+    errs, kls, kw = [], [], []
+    for b in range(inputs.shape[0]):
+      for t in range(t_len - i):
+        if seg[b, t] != seg[b, t + i]:
+          continue
+        r = jnp.asarray(z[b, t])[None, None]
+        for j in range(1, i + 1):
+          r = fam.model.apply({"params": params}, r, inputs[b, t + j][None, None], method="step")
+        r = np.asarray(r[0, 0])
+        tgt = z[b, t + i]
+        diff = np.abs(r - tgt)
+        errs.append(np.mean(np.where(diff < 1, 0.5 * diff ** 2, diff - 0.5)))
+        p, q = jax.nn.log_softmax(emb @ head_in(tgt)), jax.nn.log_softmax(emb @ head_in(r))
+        kls.append(float(jnp.sum(jnp.exp(p) * (p - q))))
+        kw.append(float(weights[b, t + i]))
+    lh.append(float(np.mean(errs)))
+    kl.append(float(np.sum(np.array(kls) * kw) / np.sum(kw)))
+  return lh, kl

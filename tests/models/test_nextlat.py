@@ -10,6 +10,7 @@ import pytest
 
 from configs import nextlat as nextlat_configs
 from nsl.models import nextlat, registry
+from tests.helpers import nextlat_rollout_losses
 
 V, T, D, HORIZON, ANS = 32, 10, 16, 3, 7
 
@@ -56,28 +57,8 @@ def test_answer_weights_and_rollout_mask():
 def _reference(fam, params, batch):
   """L_next-h and L_KL by explicit per-(row, t, i) rollouts of the dynamics model."""
   inputs, targets, seg, weights = nextlat.task_targets(batch, ANS)
-  apply = lambda method, *a: fam.model.apply({"params": params}, *a, method=method)
-  h = np.asarray(apply("hidden", inputs, seg))
-  emb = np.asarray(params["embed"]["embedding"])
-  lh, kl = [], []
-  for i in range(1, HORIZON + 1):
-    errs, kls, kw = [], [], []
-    for b in range(inputs.shape[0]):
-      for t in range(T - i):
-        if seg[b, t] != seg[b, t + i]:
-          continue
-        r = jnp.asarray(h[b, t])[None, None]
-        for j in range(1, i + 1):
-          r = apply("step", r, inputs[b, t + j][None, None])
-        r = np.asarray(r[0, 0])
-        tgt = h[b, t + i]
-        diff = np.abs(r - tgt)
-        errs.append(np.mean(np.where(diff < 1, 0.5 * diff ** 2, diff - 0.5)))
-        p, q = jax.nn.log_softmax(emb @ tgt), jax.nn.log_softmax(emb @ r)
-        kls.append(float(jnp.sum(jnp.exp(p) * (p - q))))
-        kw.append(float(weights[b, t + i]))
-    lh.append(np.mean(errs))
-    kl.append(np.sum(np.array(kls) * kw) / np.sum(kw))
+  h = fam.model.apply({"params": params}, inputs, seg, method="hidden")
+  lh, kl = nextlat_rollout_losses(fam, params, inputs, seg, weights, h, HORIZON)
   return np.mean(lh), np.mean(kl), lh[-1]
 
 

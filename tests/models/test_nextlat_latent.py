@@ -15,6 +15,7 @@ from configs import nextlat as nextlat_configs
 from nsl import masks
 from nsl.errors import ConfigError
 from nsl.models import layers, nextlat, registry
+from tests.helpers import nextlat_rollout_losses
 
 V, T, D, HORIZON, ANS = 32, 10, 16, 2, 7
 
@@ -72,26 +73,7 @@ def _reference(fam, params, batch, latent):
   scale, eps = np.asarray(params["trunk"]["final_norm"]["scale"]), fam.dims.norm_eps
   z = res if latent == "residual" else _rms(res, scale, eps)
   head_in = (lambda v: _rms(v, scale, eps)) if latent == "residual" else (lambda v: v)
-  emb = np.asarray(params["embed"]["embedding"])
-  lh, kl = [], []
-  for i in range(1, HORIZON + 1):
-    errs, kls, kw = [], [], []
-    for b in range(inputs.shape[0]):
-      for t in range(T - i):
-        if seg[b, t] != seg[b, t + i]:
-          continue
-        r = jnp.asarray(z[b, t])[None, None]
-        for j in range(1, i + 1):
-          r = fam.model.apply({"params": params}, r, inputs[b, t + j][None, None], method="step")
-        r = np.asarray(r[0, 0])
-        tgt = z[b, t + i]
-        diff = np.abs(r - tgt)
-        errs.append(np.mean(np.where(diff < 1, 0.5 * diff ** 2, diff - 0.5)))
-        p, q = jax.nn.log_softmax(emb @ head_in(tgt)), jax.nn.log_softmax(emb @ head_in(r))
-        kls.append(float(jnp.sum(jnp.exp(p) * (p - q))))
-        kw.append(float(weights[b, t + i]))
-    lh.append(np.mean(errs))
-    kl.append(np.sum(np.array(kls) * kw) / np.sum(kw))
+  lh, kl = nextlat_rollout_losses(fam, params, inputs, seg, weights, z, HORIZON, head_in)
   return np.mean(lh), np.mean(kl)
 
 
