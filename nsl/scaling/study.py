@@ -65,7 +65,7 @@ def load_cells(root: str) -> tuple[list[dict], collections.Counter]:
     extra = {k: float(v) for k, v in result["eval"].items() if k != "val" and isinstance(v, (int, float))}
     cells.append({"run_id": cell["run_id"], "labels": labels, "seed": seed, "curve": dict(curve),
                   "final": float(final), "extra": extra, "params": result["params_total"], "tokens": result["tokens"],
-                  "wall_s": result.get("wall_time_sec")})
+                  "wall_s": result.get("wall_time_sec"), "cpu_s": result.get("cpu_time_sec")})
   return cells, skipped
 
 
@@ -112,7 +112,8 @@ def summarise(cells: list[dict], baseline: tuple[str, str] | None) -> list[dict]
     mean, sd = _mean_sd([r["final"] for r in runs])
     row = {"labels": labels, "seeds": sorted(r["seed"] for r in runs), "nll_mean": mean, "nll_sd": sd,
            "params": runs[0]["params"], "tokens": runs[0]["tokens"],
-           "wall_s_mean": statistics.fmean(r["wall_s"] or 0.0 for r in runs), "extra": {}}
+           "wall_s_mean": statistics.fmean(r["wall_s"] or 0.0 for r in runs),
+           "cpu_s_mean": statistics.fmean(r["cpu_s"] or 0.0 for r in runs), "extra": {}}
     for name in sorted(set.intersection(*(set(r["extra"]) for r in runs))):
       m, spread = _mean_sd([r["extra"][name] for r in runs])
       row["extra"][name] = {"mean": m, "sd": spread}

@@ -176,7 +176,8 @@ class Trainer:
   # -- the loop ---------------------------------------------------------------------------------
   def run(self) -> dict[str, Any]:
     cfg, t = self.config, self.config.train
-    start_time = time.time()
+    # CPU seconds beside wall seconds: on a shared host the wall time says little about a run's cost.
+    start_time, start_cpu = time.time(), time.process_time()
     state = self.initial_state()
     start = int(jax.device_get(state.step))
     if start >= t.steps:
@@ -196,13 +197,15 @@ class Trainer:
     nonfinite_total = int(carried.get("nonfinite_total", 0))
     nonfinite_since = None  # on-device sum of the per-step flags since the last log line
     wall_before = float(carried.get("wall_time_sec", 0.0))
+    cpu_before = float(carried.get("cpu_time_sec", 0.0))
+    timing = lambda: {"wall_time_sec": wall_before + time.time() - start_time,
+                      "cpu_time_sec": cpu_before + time.process_time() - start_cpu}
     tick, tick_step = time.time(), start
     step = start
 
     def record_meta():
       meta["record"] = {"last_loss": last_loss, "eval_val": eval_loss, "eval_step": eval_step,
-                        "nonfinite_total": nonfinite_total,
-                        "wall_time_sec": wall_before + time.time() - start_time}
+                        "nonfinite_total": nonfinite_total, **timing()}
       return meta
 
     try:
@@ -266,8 +269,7 @@ class Trainer:
       try:
         self.checkpointer.close()
       finally:
-        result = self._result(status, step, last_loss, eval_loss, wall_before + time.time() - start_time,
-                              nonfinite_total)
+        result = self._result(status, step, last_loss, eval_loss, timing(), nonfinite_total)
         if self.is_main:
           metrics.write_json(os.path.join(self.workdir, "result.json"), result)
           if status == "done":
@@ -279,7 +281,7 @@ class Trainer:
     self.final_state = state
     return result
 
-  def _result(self, status, step, last_loss, eval_loss, wall, nonfinite_total) -> dict[str, Any]:
+  def _result(self, status, step, last_loss, eval_loss, timing, nonfinite_total) -> dict[str, Any]:
     tokens = step * self.tokens_per_step
     return {
         "status": status, "family": self.config.family, "variant": self.config.model.variant,
@@ -288,6 +290,6 @@ class Trainer:
         "flops_convention": FLOPS_CONVENTION, "final_loss": last_loss,
         "eval": {"val" + self.eval_suffix: eval_loss} if eval_loss is not None else {},
         "unigram_entropy_nats": self.manifest.get("unigram_entropy_nats"),
-        "wall_time_sec": wall, "nonfinite_steps": nonfinite_total, "devices": jax.device_count(),
+        **timing, "nonfinite_steps": nonfinite_total, "devices": jax.device_count(),
         "processes": jax.process_count(), "nsl_version": nsl.__version__,
     }

@@ -176,6 +176,9 @@ def test_nonfinite_count_is_exact_and_carried_across_a_resume(data_dir, tmp_path
   assert first["status"] == "preempted" and first["nonfinite_steps"] == 2
   resumed = loop.Trainer(config, str(tmp_path / "cut"), progress=False).run()
   assert resumed["status"] == "done" and resumed["nonfinite_steps"] == 3
+  # Wall and CPU seconds are carried too: the resumed record counts both attempts.
+  for key in ("wall_time_sec", "cpu_time_sec"):
+    assert resumed[key] > first[key] > 0
 
 
 def test_nan_loss_writes_valid_json(data_dir, tmp_path, monkeypatch):
