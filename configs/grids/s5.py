@@ -10,12 +10,14 @@ waits until that cell is done; `nsl.scaling.grid`):
   lift_s5_bounded  LIFT on that seed's standard_s5_8x
 
 Every model is configs/lift.py's (2 layers, d = 256, ≈2M parameters, 400 steps of 128 sequences;
-the paper: 5,000 and 40,000 steps). Measured on 2 busy cores: ≈0.55 CPU-s per standard step,
-≈0.75 per LIFT step, so ≈4–5 CPU-minutes per model and ≈30 for standard_s5_8x; the grid is
-≈2.7 CPU-hours (≈80 minutes on 2 cores at --parallel=2).
+the paper: 5,000 and 40,000 steps). CPU time per step, measured on 2 busy cores: ≈0.55 s
+standard, ≈0.75 LIFT, so ≈4–5 CPU-minutes per 400-step model and ≈30 for standard_s5_8x. Wall
+times of the 3-seed run (two runners, 4–6 processes on 2 cores, load 6–10): 400-step models
+8–15 minutes each (LIFT-RNN's first, uninterrupted attempt 42), standard_s5_8x 56–127; the whole
+grid ≈3.5 hours of such a machine, seeds 1–2 ≈1.7.
 
   python -m nsl.scaling.grid run --grid=configs/grids/s5.py --root=runs/s5 --parallel=2
-  python -m nsl.evals.length_generalization --out=runs/s5 --runs=$(ls -d runs/s5/seed*/ | paste -sd, -)
+  python -m nsl.evals.length_generalization --root=runs/s5   # scores done cells once, groups seeds
 """
 
 SEEDS = (0, 1, 2)
