@@ -14,7 +14,7 @@ the paper: 5,000 and 40,000 steps). CPU time per step, measured on 2 busy cores:
 standard, ≈0.75 LIFT, so ≈4–5 CPU-minutes per 400-step model and ≈30 for standard_s5_8x. Wall
 times of the 3-seed run (two runners, 4–6 processes on 2 cores, load 6–10): 400-step models
 8–15 minutes each (LIFT-RNN's first, uninterrupted attempt 42), standard_s5_8x 56–127; the whole
-grid ≈3.5 hours of such a machine, seeds 1–2 ≈1.7.
+grid's seeds 1–2 took 1.7 hours of such a machine (seed 0, in an earlier session, longer).
 
   python -m nsl.scaling.grid run --grid=configs/grids/s5.py --root=runs/s5 --parallel=2
   python -m nsl.evals.length_generalization --root=runs/s5   # scores done cells once, groups seeds
