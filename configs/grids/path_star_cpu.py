@@ -52,7 +52,10 @@ SETTINGS = {
     "g25_n100k_4L128": (2, 5, 100_000, 4, 128),
     "g35_n20k_3L96": (3, 5, 20_000, 3, 96),
 }
-FINAL = "g25_n20k_3L96"  # the setting of seeds 1 and 2
+LADDER = ("g25_n20k_3L96", "g25_n100k_4L128")  # seed 0's rungs; g35_n20k_3L96 cut for the CPU budget
+FINAL = "g25_n100k_4L128"  # the setting of seeds 1 and 2 and of the long cells
+FINAL_ARMS = ("gpt", "nextlat")  # MTP at seed 0 only, for the CPU budget
+LONG_STEPS = 2 * STEPS  # seed 0 at FINAL again, twice as long: GPT's edge-following transition came at ~800 steps
 PAPER_NEXTLAT = {"model.nextlat.lambda_h": 1.0, "model.nextlat.lambda_kl": 1.0, "model.nextlat.hidden": 384,
                  "model.nextlat.horizon": 2}
 ARMS = {
@@ -73,22 +76,27 @@ def setting(name: str) -> dict:
           "model.n_layers": layers, "model.d_model": width, "model.n_heads": 4, "model.d_ff": 3 * width}
 
 
+def _common(steps: int) -> dict:
+  """Training overrides of a cell of `steps` steps (WSD: 50 warmup steps, the last 20% decaying;
+  a checkpoint every 100 steps, all kept, for the curves)."""
+  return {"train.steps": steps, "train.warmup_steps": 50, "train.decay_steps": steps // 5,
+          "train.log_every": 25, "train.eval_every": 250, "train.eval_batches": 4,
+          "checkpoint.every": 100, "checkpoint.keep": steps // 100}
+
+
 def _arm(name: str) -> dict:
   return {"_label": name, **ARMS[name]}
 
 
 def get_grid():
-  common = {"train.steps": STEPS, "train.warmup_steps": 50, "train.decay_steps": 300,
-            "train.log_every": 25, "train.eval_every": 250, "train.eval_batches": 4,
-            "checkpoint.every": 100, "checkpoint.keep": STEPS // 100}
-  grids = []
-  for seed in SEEDS:
-    if seed == 0:
-      grids.append({"overrides": common, "axes": {"seed": [seed], "size": [setting(s) for s in SETTINGS],
-                                                  "config": [_arm(a) for a in ("gpt", "nextlat", "mtp")]}})
-      grids.append({"overrides": common, "axes": {"seed": [seed], "size": [setting(FINAL)],
-                                                  "config": [_arm("nextlat_fn")]}})
-    else:
-      grids.append({"overrides": common, "axes": {"seed": [seed], "size": [setting(FINAL)],
-                                                  "config": [_arm(a) for a in ("gpt", "nextlat", "mtp")]}})
+  grids = [{"overrides": _common(STEPS), "axes": {"seed": [0], "size": [setting(s) for s in LADDER],
+                                                  "config": [_arm(a) for a in ("gpt", "nextlat", "mtp")]}},
+           {"overrides": _common(STEPS), "axes": {"seed": [0], "size": [setting(LADDER[0])],
+                                                  "config": [_arm("nextlat_fn")]}}]
+  for seed in SEEDS[1:]:
+    grids.append({"overrides": _common(STEPS), "axes": {"seed": [seed], "size": [setting(FINAL)],
+                                                        "config": [_arm(a) for a in FINAL_ARMS]}})
+  grids.append({"overrides": {}, "axes": {"seed": [0], "size": [setting(FINAL)],
+                                          "steps": [{"_label": f"{LONG_STEPS}steps", **_common(LONG_STEPS)}],
+                                          "config": [_arm(a) for a in FINAL_ARMS[::-1]]}})
   return grids

@@ -88,3 +88,25 @@ def token_nll(family, params, batch: dict[str, Any], model=None, **feed):
   logits = family.token_logits(params, batch, model=model, **feed)
   nll = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
   return nll * weights, weights
+
+
+def grid_runs(root: str) -> list[tuple[str, str, str]]:
+  """(run dir, group, seed) of every done cell under a grid root, the group its labels but the seed."""
+  from pathlib import Path
+
+  from nsl.scaling import cells as cell_files
+
+  out = []
+  if not os.path.isdir(root):
+    raise NslError(f"--root={root}: not a directory")
+  for name in sorted(os.listdir(root)):
+    d = os.path.join(root, name)
+    cell = cell_files.read_json(Path(d) / cell_files.CELL_FILE)
+    if cell is None or cell_files.result_status(Path(d)) != "done":
+      continue
+    labels = dict(cell.get("labels", {}))
+    seed = str(labels.pop("seed", "?"))
+    out.append((d, "-".join(str(v) for v in labels.values()) or name, seed))
+  if not out:
+    raise NslError(f"--root={root}: no done grid cells there (python -m nsl.scaling.grid status --root={root})")
+  return out

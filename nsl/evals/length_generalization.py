@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -167,26 +166,6 @@ def solved_to(acc: dict[int, float], threshold: float = 0.99) -> int:
   return best
 
 
-def grid_runs(root: str) -> list[tuple[str, str, str]]:
-  """(run dir, group, seed) of every done cell under a grid root, the group its labels but the seed."""
-  from nsl.scaling import cells as cell_files
-
-  out = []
-  if not os.path.isdir(root):
-    raise NslError(f"--root={root}: not a directory")
-  for name in sorted(os.listdir(root)):
-    d = os.path.join(root, name)
-    cell = cell_files.read_json(Path(d) / cell_files.CELL_FILE)
-    if cell is None or cell_files.result_status(Path(d)) != "done":
-      continue
-    labels = dict(cell.get("labels", {}))
-    seed = str(labels.pop("seed", "?"))
-    out.append((d, "-".join(str(v) for v in labels.values()) or name, seed))
-  if not out:
-    raise NslError(f"--root={root}: no done grid cells there (python -m nsl.scaling.grid status --root={root})")
-  return out
-
-
 def group_rows(results: dict[str, dict[int, float]], members: dict[str, list[tuple[str, str]]],
                lengths: list[int], chance: float | None) -> list[dict]:
   """Per group: seeds, mean and sd of accuracy per length, and each seed's solved-to / chance-from."""
@@ -260,10 +239,11 @@ def main(argv=None) -> int:
   p.add_argument("--out", default="")
   a = p.parse_args(argv)
   from nsl.data.tasks import s5
+  from nsl.evals import common
 
   if bool(a.runs) == bool(a.root):
     raise NslError("give --runs=A,B,... or --root=GRID_ROOT (one of them)")
-  cells = grid_runs(a.root) if a.root else None
+  cells = common.grid_runs(a.root) if a.root else None
   runs = [d for d, _, _ in cells] if cells else [r for r in a.runs.split(",") if r]
   key = "length_generalization" if a.feed == "own" else f"length_generalization_feed_{a.feed}"
   results, names, meta, task, lengths = {}, [], {}, None, []

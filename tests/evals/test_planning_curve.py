@@ -87,3 +87,37 @@ def test_every_checkpoint_scored_with_its_train_record(tmp_path, monkeypatch):
     again = json.load(f)
   assert [p["step"] for p in again["points"]] == [10, 20, 30]
   assert again["points"][:2] == curve["points"]
+
+
+def test_root_study_groups_seeds_and_reports_each_seeds_last_point(tmp_path):
+  """`--root`: the done cells of a grid root, grouped by labels but the seed; each row's per-seed
+  values are the cells' last curve points (scored directly here), its mean their mean; a cell
+  that is not done is left out."""
+  config, family, workdir = _run(tmp_path)
+  root = tmp_path / "root"
+  direct = {}
+  for seed, done in ((0, True), (1, True), (2, False)):
+    cell = root / f"seed{seed}-g-gpt"
+    os.makedirs(cell)
+    for name in ("config.json", "metrics.jsonl"):
+      with open(os.path.join(workdir, name)) as src, open(cell / name, "w") as dst:
+        dst.write(src.read())
+    with open(cell / "cell.json", "w") as f:
+      json.dump({"labels": {"config": "gpt", "seed": f"seed{seed}", "size": "g"}}, f)
+    with open(cell / "result.json", "w") as f:
+      json.dump({"status": "done" if done else "preempted"}, f)
+    _save(str(cell), [(10, 5 + seed), (20, 10 + seed)], family, config)
+    task, prompts, answers = planning._test_set(config, None, None)
+    direct[f"seed{seed}"] = planning.score(task, family, _state(family, config, 10 + seed).params, prompts, answers, 8)
+  assert planning.main(["--root", str(root), "--batch_size=8"]) == 0
+  with open(root / "planning_study.json") as f:
+    study = json.load(f)
+  (row,) = study["groups"]
+  assert row["group"] == "gpt-g" and row["seeds"] == ["seed0", "seed1"] and row["steps"] == [20, 20]
+  for key in ("accuracy", "first_step_acc"):
+    want = [direct[s][key] for s in ("seed0", "seed1")]
+    assert row[key]["per_seed"] == want and abs(row[key]["mean"] - np.mean(want)) < 1e-12
+  assert row["chance_first_step"] == 0.5
+  assert (root / "planning_study.png").stat().st_size > 0
+  assert "`gpt-g` | 2 | 20 |" in (root / "planning_study.md").read_text()
+  assert not (root / "seed2-g-gpt" / "planning_curve.json").exists()

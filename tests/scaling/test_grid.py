@@ -234,3 +234,11 @@ def test_ray_backend_runs_a_cell_on_a_local_ray_instance(two_cell_grid, tmp_path
     backend.ray.shutdown()
   assert counts == {"done": 1}
   assert json.loads((tmp_path / "root" / cell.run_id / "result.json").read_text())["status"] == "done"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in os.listdir(os.path.join(ROOT, "configs", "grids")) if n.endswith(".py")))
+def test_every_shipped_grid_expands_to_valid_cells_with_unique_ids(name):
+  """A grid the README points users at must expand (every cell's config validated) to distinct
+  run ids: two cells sharing an id would share a workdir."""
+  cells = grid.expand(os.path.join(ROOT, "configs", "grids", name))
+  assert cells and len({c.run_id for c in cells}) == len(cells)

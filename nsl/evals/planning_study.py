@@ -1,0 +1,138 @@
+"""A planning grid's table and curves (issue #17): `python -m nsl.evals.planning --root=ROOT`.
+
+Every done cell under a grid root (configs/grids/path_star_cpu.py, countdown_cpu.py) gets its
+learning curve scored (`planning.evaluate_curve`: every kept checkpoint, incremental, so a rerun
+scores only new checkpoints) and the cells are grouped by their grid labels other than the seed.
+One row per group: the seeds, steps trained, final exact-match accuracy and (path-star) the
+first decision after the start node, each as mean ± sd over the seeds (population sd, as
+`nsl.evals.length_generalization` reports) with the per-seed values, and the Clever-Hans level
+1/d beside them. Where GPT sits at 1/d with every later edge right, accuracy = first decision.
+
+The plot has one column per task setting (the `size` label) and two rows against training
+steps: first-decision accuracy (exact-match accuracy for countdown) and the training losses at
+that step: CE for every arm, L_next-h for NextLat (the paper's latent regression, whose collapse
+to ≈ 0 with CE stuck at ln V is the failure this study separates from planning). Each group's
+seeds are drawn thin, their mean thick. Writes ROOT/planning_study.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from nsl.errors import NslError
+
+
+def cell_curves(root: str, limit: int | None, batch_size: int) -> list[dict]:
+  """[{run, group, size, arm, seed, curve}] for every done cell of `root`, curves scored as needed."""
+  from nsl.evals import common, planning
+
+  rows = []
+  for run, group, seed in common.grid_runs(root):
+    with open(os.path.join(run, "cell.json"), encoding="utf-8") as f:
+      labels = json.load(f).get("labels", {})
+    curve = planning.evaluate_curve(run, limit, batch_size)
+    rows.append({"run": run, "group": group, "seed": seed, "size": labels.get("size", ""),
+                 "arm": "-".join(str(v) for k, v in labels.items() if k not in ("seed", "size")), "curve": curve})
+  return rows
+
+
+def _stats(values: list[float]) -> dict:
+  a = np.asarray(values, dtype=float)
+  return {"mean": float(a.mean()), "sd": float(a.std()), "per_seed": [float(v) for v in a]}
+
+
+def group_rows(cells: list[dict]) -> list[dict]:
+  """One row per group (labels but the seed), seeds sorted, stats of each cell's last point."""
+  groups: dict[str, list[dict]] = {}
+  for c in cells:
+    groups.setdefault(c["group"], []).append(c)
+  rows = []
+  for group, members in groups.items():
+    members = sorted(members, key=lambda c: c["seed"])
+    last = [c["curve"]["points"][-1] for c in members]
+    row = {"group": group, "size": members[0]["size"], "arm": members[0]["arm"],
+           "seeds": [c["seed"] for c in members], "steps": [p["step"] for p in last],
+           "accuracy": _stats([p["accuracy"] for p in last])}
+    if all("first_step_acc" in p for p in last):
+      row["first_step_acc"] = _stats([p["first_step_acc"] for p in last])
+      row["chance_first_step"] = members[0]["curve"]["chance_first_step"]
+    rows.append(row)
+  return rows
+
+
+def _pm(s: dict) -> str:
+  per_seed = ", ".join(f"{100 * v:.1f}" for v in s["per_seed"])
+  return f"{100 * s['mean']:.1f} ± {100 * s['sd']:.1f}% ({per_seed})"
+
+
+def table(rows: list[dict]) -> str:
+  """Markdown: group, seeds, steps, accuracy and first decision (mean ± sd, per seed), chance."""
+  first = any("first_step_acc" in r for r in rows)
+  head = ["group", "seeds", "steps", "exact match"] + (["first decision", "1/d"] if first else [])
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for r in rows:
+    cells = [f"`{r['group']}`", str(len(r["seeds"])), ", ".join(map(str, sorted(set(r["steps"])))), _pm(r["accuracy"])]
+    if first:
+      cells += [_pm(r["first_step_acc"]), f"{r['chance_first_step']:.2f}"] if "first_step_acc" in r else ["–", "–"]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def plot(cells: list[dict], path: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  sizes = sorted({c["size"] for c in cells})
+  arms = sorted({c["arm"] for c in cells})
+  colours = {a: f"C{i}" for i, a in enumerate(arms)}
+  fig, axes = plt.subplots(2, len(sizes), figsize=(5 * len(sizes), 7), squeeze=False, sharex="col")
+  for j, size in enumerate(sizes):
+    top, bottom = axes[0][j], axes[1][j]
+    for arm in arms:
+      members = [c for c in cells if c["size"] == size and c["arm"] == arm]
+      for k, c in enumerate(members):
+        pts = c["curve"]["points"]
+        steps = [p["step"] for p in pts]
+        key = "first_step_acc" if "first_step_acc" in pts[0] else "accuracy"
+        label = f"{arm} ({len(members)} seed{'s' * (len(members) > 1)})" if k == 0 else None
+        top.plot(steps, [p[key] for p in pts], color=colours[arm], lw=0.8, alpha=0.6, marker="o", ms=2, label=label)
+        ce = [(p["step"], p["train"]["ce"]) for p in pts if "ce" in p.get("train", {})]
+        nh = [(p["step"], p["train"]["next_h"]) for p in pts if "next_h" in p.get("train", {})]
+        if ce:
+          bottom.plot(*zip(*ce), color=colours[arm], lw=1.0, label=f"{arm} CE" if k == 0 else None)
+        if nh:
+          bottom.plot(*zip(*nh), color=colours[arm], lw=1.0, ls="--", label=f"{arm} L_next-h" if k == 0 else None)
+    chance = next((c["curve"].get("chance_first_step") for c in cells if c["size"] == size), None)
+    if chance:
+      top.axhline(chance, color="gray", ls=":", label=f"Clever Hans 1/d = {chance:.2f}")
+    top.set_title(size)
+    top.set_ylabel("first-decision accuracy" if chance else "exact-match accuracy")
+    top.set_ylim(-0.02, 1.02)
+    bottom.set_yscale("log")
+    bottom.set_ylabel("training loss at the checkpoint")
+    bottom.set_xlabel("training step")
+    top.legend(fontsize=7)
+    bottom.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def study(root: str, limit: int | None = None, batch_size: int = 250) -> dict:
+  """Score, group, tabulate and plot every done cell of a planning grid root."""
+  if not os.path.isdir(root):
+    raise NslError(f"--root={root}: not a directory")
+  cells = cell_curves(root, limit, batch_size)
+  rows = group_rows(cells)
+  result = {"root": root, "limit": limit, "groups": rows, "table": table(rows),
+            "cells": [{k: c[k] for k in ("run", "group", "seed")} for c in cells]}
+  with open(os.path.join(root, "planning_study.json"), "w", encoding="utf-8") as f:
+    json.dump(result, f, indent=1)
+  with open(os.path.join(root, "planning_study.md"), "w", encoding="utf-8") as f:
+    f.write(result["table"] + "\n")
+  plot(cells, os.path.join(root, "planning_study.png"))
+  return result
