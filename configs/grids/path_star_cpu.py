@@ -1,44 +1,40 @@
 """The CPU-scale path-star planning study (REFERENCES §4 "Path-Star", issue #17): GPT, NextLat
-with the paper's losses and MTP on a small ladder of path-star settings, seeds outermost.
+with the paper's losses and MTP on a small ladder of path-star settings.
 
 The question: is there a path-star G_{d,ℓ} (degree d, arm length ℓ), graph count and model size
 at which next-token GPT stays at the Clever-Hans level (first decision after the start node right
 1/d of the time, every later edge followed) while NextLat solves it? The paper: 12L/6H/384d,
 200k graphs, batch 512 × 20k steps, NextLat ≈ 100% on G_{2,10}, G_{5,5}, G_{7,7}, GPT fails.
 
-Ladder (`SETTINGS`; every cell batch 64, lr 2e-3, WSD: 50 warmup steps, the last 300 decaying,
-`STEPS` = 1500 steps):
-  g25_n20k_3L96   G_{2,5},  20k graphs, 3L/4H/96d  (the README's setting; chance 1/2)
+Ladder (`LADDER`, from `SETTINGS`; every cell batch 64, lr 2e-3, WSD: 50 warmup steps, the last
+20% decaying, `STEPS` = 1500 steps):
+  g25_n20k_3L96   G_{2,5},  20k graphs, 3L/4H/96d  (the README's earlier setting; chance 1/2)
   g25_n100k_4L128 G_{2,5}, 100k graphs, 4L/4H/128d (more data and a wider, deeper trunk)
-  g35_n20k_3L96   G_{3,5},  20k graphs, 3L/4H/96d  (degree 3: chance 1/3)
+(`g35_n20k_3L96`, degree 3, stays defined and is not run: cut for the CPU budget.)
 Arms (`ARMS`): `gpt` (configs/nextlat.py:gpt_path_star), `nextlat` (the paper's losses
 λ_h = 1, λ_KL = 1, dynamics MLP hidden 384, d = 2, with the latent h read before the final norm,
-`latent="residual"`: at λ_h = 1 the final-normed reading collapses the trunk, see below), `mtp`
-(d = 2 heads). Seed 0 runs every setting and arm, plus `nextlat_fn` (the same losses with the
-final-normed latent, the paper's likeliest reading) at the smallest setting, for the collapse
-curve beside the working one; seeds 1 and 2 run gpt, nextlat and mtp at `FINAL` only (change it
-to the setting seed 0 separates: done cells keep their ids and are not rerun). 9 + 1 + 6 = 16
-cells.
+`latent="residual"`), `mtp` (d = 2 heads), `nextlat_fn` (the same losses on the final-normed
+latent, the family default). Cells, in run order:
+  seed 0: every rung × gpt / nextlat / mtp, and nextlat_fn on the small rung     (7)
+  seeds 1, 2: gpt and nextlat at `FINAL` (the rung seed 0 separated; MTP at seed 0 only)  (4)
+  seed 0 at `FINAL`, `LONG_STEPS` = 3000 steps: nextlat and gpt (does the gap close?)  (2)
+`FINAL` = g25_n100k_4L128: at 1,500 steps seed 0's NextLat had left the pre-edge-following
+plateau there (first decision 40%, exact match 12%) and GPT had not (17%, 0%); on the small rung
+GPT reached Clever Hans (48%) and NextLat (residual: L_next-h grew to ≈ 25 with the residual
+stream's scale) did not leave the plateau. Done cells keep their ids when this file changes.
 
-The evidence behind `latent="residual"` (400 steps of G_{2,5} 3L/96d at λ_h = 1, this session):
-the final-normed latent's CE stays at ≈ 3.86 (≈ ln 48) with first-decision accuracy ≈ 1% (below
-the 1/2 chance: the trunk does not even name a neighbour), while the residual latent's CE falls
-below 2 by step 175 (README "NextLat and MTP" has the figures).
+Curves: checkpoints every 100 steps, all kept; `python -m nsl.evals.planning --root=ROOT
+--limit=500` scores every done cell's checkpoints (first-decision accuracy, exact match, beside
+the CE / L_next-h / L_KL logged at that step), groups the seeds and writes
+ROOT/planning_study.{json,md,png} (nsl/evals/planning_study.py).
 
-Curves: checkpoints every 100 steps, all kept; `python -m nsl.evals.planning --workdir=CELL
---all_checkpoints --limit=500` scores each (first-decision accuracy, exact match) beside the
-L_next-h, L_KL and CE logged at that step (WORKDIR/planning_curve.json).
-
-Cost, measured here on a machine shared at load ≈ 9-10 (2 cores): nextlat 0.63 s/step at
-g25_n20k_3L96 and 0.88 at g25_n100k_4L128; gpt 0.65 at load ≈ 9 and 0.17 in a quieter minute
-(11.8k tokens/s). On 2 quiet cores (about half the loaded figures; mtp between gpt and nextlat,
-G_{3,5} ×1.4 for its 44 tokens per problem) that is per 1500-step cell ≈ 5 / 8 / 6 min (gpt /
-nextlat / mtp) at g25_n20k_3L96, ≈ 7 / 11 / 8 at g25_n100k_4L128 and g35_n20k_3L96: seed 0
-≈ 80 min with nextlat_fn, seeds 1-2 ≈ 40 at g25_n20k_3L96 (≈ 52 if FINAL is a larger rung),
-≈ 2 CPU hours in all, every model well under 25 minutes.
+Cost on this machine's 2 cores, shared by 3 runs (wall per 1,500-step cell): gpt 6 min, mtp
+7 min, nextlat 14 min at g25_n20k_3L96; gpt 17 min, nextlat ≈ 17 min at g25_n100k_4L128.
+Alone on 2 quiet cores about half that, so every model (the 3,000-step nextlat at ≈ 20 min
+included) stays within 25 minutes.
 
   python -m nsl.scaling.grid run --grid=configs/grids/path_star_cpu.py --root=runs/path_star_cpu
-  for d in runs/path_star_cpu/*/; do python -m nsl.evals.planning --workdir=$d --all_checkpoints --limit=500; done
+  python -m nsl.evals.planning --root=runs/path_star_cpu --limit=500
 """
 
 from configs import base
