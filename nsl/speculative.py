@@ -173,7 +173,8 @@ def measure(family, params, prompts, new_tokens: int, draft_len: int | None = No
   by prompt, after a warm-up that compiles both. Returns {'plain': {...}, 'speculative': {...},
   'setup': {...}}: tokens/s for each; for speculative also the mean tokens per draft round
   (accepted drafts + 1, the paper's "accepted tokens per draft"), the mean accepted drafts, and
-  the speed-up; `greedy_match` when temperature is 0 (outputs identical to plain decoding)."""
+  the speed-up; `greedy_match` when temperature is 0 (outputs identical to plain decoding); for
+  plain the mean fraction of distinct tokens per output (low: repetitive text, drafted easily)."""
   dec = Decoder(family, params, draft_len=draft_len, temperature=temperature)
   rng = jax.random.PRNGKey(seed)
   dec.generate(prompts[0], new_tokens, rng)  # compile (cache shapes depend on the lengths)
@@ -188,7 +189,10 @@ def measure(family, params, prompts, new_tokens: int, draft_len: int | None = No
     t_plain, t_spec = t_plain + t1 - t0, t_spec + time.perf_counter() - t1
   acc = np.concatenate([np.asarray(s["accepted"], np.float64) for _, s in spec])
   total = new_tokens * len(prompts)
-  plain = {"tokens_per_s": total / t_plain, "seconds": t_plain, "trunk_calls_per_token": 1.0}
+  # Degenerate loops (an undertrained model's greedy text) are easy to draft: say how varied the output was.
+  distinct = float(np.mean([len(set(np.asarray(o).tolist())) / len(o) for o in plain_out]))
+  plain = {"tokens_per_s": total / t_plain, "seconds": t_plain, "trunk_calls_per_token": 1.0,
+           "distinct_token_fraction": distinct}
   specd = {"tokens_per_s": total / t_spec, "seconds": t_spec,
            "mean_tokens_per_draft": float(np.mean(acc + 1)), "mean_accepted_drafts": float(np.mean(acc)),
            "acceptance_rate": float(np.mean(acc) / dec.k), "rounds": int(acc.size),

@@ -30,7 +30,9 @@ task's prompt length and `--new_tokens` = its answer length decode exactly the a
 2-10): per length a `plain` and a `speculative` line measured side by side (plain and
 speculative alternating prompt by prompt), then one `sweep` line with the tokens per draft and
 the speed-up against plain decoding for every length, and whether every greedy speculative
-output equalled plain greedy decoding.
+output equalled plain greedy decoding. `--temperature=T` samples instead (Leviathan acceptance;
+greedy text of a small model loops, and loops draft easily: every line carries the plain
+outputs' `distinct_token_fraction`).
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ def _parse(argv):
                  help="nextlat: a trained run (acceptance depends on the weights; prompts from its validation data)")
   p.add_argument("--draft_lens", default=None,
                  help="nextlat: comma-separated draft lengths to sweep, e.g. 2,4,6,8 (default: the config's draft_len)")
+  p.add_argument("--temperature", type=float, default=0.0,
+                 help="nextlat: sampling temperature (0: greedy, checked against plain greedy; > 0: Leviathan "
+                      "acceptance, the output law the model's own)")
   p.add_argument("--window", type=int, default=None,
                  help="temporary-key window w for sps/delayed_state/reverse_sps (default: the config's, else 64)")
   from nsl.config import split_overrides
@@ -74,6 +79,8 @@ def _parse(argv):
   for v in args.variants:
     if v not in VARIANTS:
       raise ConfigError(f"--variants: unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
+  if args.temperature < 0:
+    raise ConfigError(f"--temperature={args.temperature} must be >= 0 (0: greedy)")
   if min(args.prompt_len, args.new_tokens, args.batch, args.repeats) < 1:
     raise ConfigError("--prompt_len, --new_tokens, --batch and --repeats must be >= 1")
   if args.draft_lens is not None:
@@ -257,13 +264,13 @@ def _nextlat(base, args) -> int:
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, base.model.vocab_size, args.prompt_len).astype(np.int32) for _ in range(args.batch)]
     weights = "random (pass --workdir=RUN for a trained model: acceptance depends on the weights)"
-  for row in speculative_sweep(family, params, prompts, args.new_tokens, args.draft_lens):
+  for row in speculative_sweep(family, params, prompts, args.new_tokens, args.draft_lens, args.temperature):
     row["setup"] = dict(row["setup"], weights=weights, config=args.config)
     print(json.dumps(row), flush=True)
   return 0
 
 
-def speculative_sweep(family, params, prompts, new_tokens: int, draft_lens=None):
+def speculative_sweep(family, params, prompts, new_tokens: int, draft_lens=None, temperature: float = 0.0):
   """JSON rows for each draft length k (None: the config's `draft_len`): `plain` and
   `speculative` (`nsl.speculative.measure`, side by side), then with several lengths one
   `sweep` row: tokens per draft, speed-up over plain decoding and greedy_match per k."""
@@ -271,17 +278,18 @@ def speculative_sweep(family, params, prompts, new_tokens: int, draft_lens=None)
 
   rows, sweep = [], []
   for k in draft_lens or [None]:
-    result = speculative.measure(family, params, prompts, new_tokens, draft_len=k)
+    result = speculative.measure(family, params, prompts, new_tokens, draft_len=k, temperature=temperature)
     for mode in ("plain", "speculative"):
       rows.append({"mode": mode, **result[mode], "setup": dict(result["setup"])})
     spec = result["speculative"]
     sweep.append({"draft_len": result["setup"]["draft_len"], "tokens_per_draft": spec["mean_tokens_per_draft"],
                   "speedup": spec["speedup"], "plain_tokens_per_s": result["plain"]["tokens_per_s"],
-                  "speculative_tokens_per_s": spec["tokens_per_s"], "greedy_match": spec.get("greedy_match")})
+                  "speculative_tokens_per_s": spec["tokens_per_s"], "greedy_match": spec.get("greedy_match"),
+                  "distinct_token_fraction": result["plain"]["distinct_token_fraction"]})
   if len(sweep) > 1:
     setup = {k: v for k, v in rows[0]["setup"].items() if k != "draft_len"}
     rows.append({"mode": "sweep", "draft_lens": [s["draft_len"] for s in sweep], "points": sweep,
-                 "greedy_match": all(s["greedy_match"] for s in sweep), "setup": setup})
+                 "greedy_match": None if temperature else all(s["greedy_match"] for s in sweep), "setup": setup})
   return rows
 
 

@@ -52,3 +52,30 @@ def test_cli_sweep_on_random_init(capsys):
 def test_bad_draft_lens(bad):
   with pytest.raises(ConfigError, match="draft_lens"):
     bench_decode._parse(["--config=configs/nextlat.py:nextlat_tiny", f"--draft_lens={bad}"])
+
+
+def test_distinct_fraction_is_the_plain_outputs_and_sampling_runs():
+  """`distinct_token_fraction` is computed from the plain outputs (a looping output scores low),
+  and a sampled sweep runs with no greedy check to report."""
+  from nsl import speculative
+
+  c = nextlat_configs.get_config("nextlat_tiny")
+  c.model.update(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64)
+  c.model.nextlat.hidden = 32
+  fam = registry.get_family(c)
+  params = nn.unbox(fam.init(jax.random.PRNGKey(1)))
+  params["embed"]["embedding"] = params["embed"]["embedding"] * 40.0
+  prompts = [np.arange(1, 7, dtype=np.int32), np.arange(10, 16, dtype=np.int32)]
+  dec = speculative.Decoder(fam, params, draft_len=2)
+  outs = [dec.generate(p, 10, jax.random.fold_in(jax.random.PRNGKey(0), i)) for i, p in enumerate(prompts)]
+  want = np.mean([len(set(o.tolist())) / 10 for o in outs])
+  result = speculative.measure(fam, params, prompts, 10, draft_len=2)
+  assert abs(result["plain"]["distinct_token_fraction"] - want) < 1e-12
+  rows = bench_decode.speculative_sweep(fam, params, prompts, 10, draft_lens=[2, 3], temperature=1.0)
+  assert rows[-1]["greedy_match"] is None and rows[1]["setup"]["temperature"] == 1.0
+  assert all(1.0 <= p["tokens_per_draft"] <= p["draft_len"] + 1 for p in rows[-1]["points"])
+
+
+def test_negative_temperature_is_a_config_error():
+  with pytest.raises(ConfigError, match="temperature"):
+    bench_decode._parse(["--config=configs/nextlat.py:nextlat_tiny", "--temperature=-1"])
