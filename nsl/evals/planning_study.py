@@ -11,8 +11,8 @@ first decision after the start node, each as mean ± sd over the seeds (populati
 The plot has one column per task setting (the `size` label) and two rows against training
 steps: first-decision accuracy (exact-match accuracy for countdown) and the training losses at
 that step: CE for every arm, L_next-h for NextLat (the paper's latent regression, whose collapse
-to ≈ 0 with CE stuck at ln V is the failure this study separates from planning). Each group's
-seeds are drawn thin, their mean thick. Writes ROOT/planning_study.{json,md,png}.
+to ≈ 0 with CE stuck at ln V is the failure this study separates from planning). Each seed is
+one line, in its group's colour. Writes ROOT/planning_study.{json,md,png}.
 """
 
 from __future__ import annotations
