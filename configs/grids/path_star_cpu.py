@@ -23,7 +23,7 @@ plateau there (first decision 40%, exact match 12%) and GPT had not (17%, 0%); o
 GPT reached Clever Hans (48%) and NextLat (residual: L_next-h grew to ≈ 25 with the residual
 stream's scale) did not leave the plateau. Done cells keep their ids when this file changes.
 
-Curves: checkpoints every 100 steps, all kept; `python -m nsl.evals.planning --root=ROOT
+Curves: checkpoints every 100 steps, all kept; `python -m nsl.evals.planning_study --root=ROOT
 --limit=500` scores every done cell's checkpoints (first-decision accuracy, exact match, beside
 the CE / L_next-h / L_KL logged at that step), groups the seeds and writes
 ROOT/planning_study.{json,md,png} (nsl/evals/planning_study.py).
@@ -34,7 +34,7 @@ Alone on 2 quiet cores about half that, so every model (the 3,000-step nextlat a
 included) stays within 25 minutes.
 
   python -m nsl.scaling.grid run --grid=configs/grids/path_star_cpu.py --root=runs/path_star_cpu
-  python -m nsl.evals.planning --root=runs/path_star_cpu --limit=500
+  python -m nsl.evals.planning_study --root=runs/path_star_cpu --limit=500
 """
 
 from configs import base

@@ -2,7 +2,7 @@
 
   python -m nsl.evals.planning --workdir=runs/nextlat_path_star [--limit=1000] [--batch_size=250]
   python -m nsl.evals.planning --workdir=RUN --all_checkpoints [--limit=500]
-  python -m nsl.evals.planning --root=GRID_ROOT [--limit=500]   # a study: nsl/evals/planning_study.py
+  python -m nsl.evals.planning_study --root=GRID_ROOT [--limit=500]   # a grid's table and curves
 
 Reads the run's config.json and latest checkpoint, the task test set of its data dir
 (`task_test.npz`, nsl/data/tasks/task_data.py), decodes every prompt greedily with the family's
@@ -169,23 +169,13 @@ def evaluate_curve(workdir: str, limit: int | None = None, batch_size: int = 250
 @cli_main
 def main(argv=None) -> int:
   p = ArgumentParser(prog="python -m nsl.evals.planning", description=__doc__.split("\n")[0])
-  p.add_argument("--workdir", default=None, help="one trained run")
-  p.add_argument("--root", default=None,
-                 help="a planning grid root: every done cell's curve, grouped, to ROOT/planning_study.{json,md,png}")
+  p.add_argument("--workdir", required=True)
   p.add_argument("--limit", type=int, default=None, help="first N test problems only")
   p.add_argument("--batch_size", type=int, default=250)
   p.add_argument("--data", default=None, help="task data dir (default: the run's data.path)")
   p.add_argument("--all_checkpoints", action="store_true",
                  help="score every kept checkpoint: the learning curve in WORKDIR/planning_curve.json")
   a = p.parse_args(argv)
-  if (a.workdir is None) == (a.root is None):
-    raise NslError("give --workdir=RUN or --root=GRID_ROOT (one of them)")
-  if a.root is not None:
-    from nsl.evals import planning_study
-
-    result = planning_study.study(a.root, a.limit, a.batch_size)
-    print(result["table"])
-    return 0
   if a.all_checkpoints:
     curve = evaluate_curve(a.workdir, a.limit, a.batch_size, a.data)
     for point in curve["points"]:

@@ -1,4 +1,7 @@
-"""A planning grid's table and curves (issue #17): `python -m nsl.evals.planning --root=ROOT`.
+"""A planning grid's table and curves (issue #17).
+
+  python -m nsl.evals.planning_study --root=ROOT [--limit=500] [--batch_size=250]
+
 
 Every done cell under a grid root (configs/grids/path_star_cpu.py, countdown_cpu.py) gets its
 learning curve scored (`planning.evaluate_curve`: every kept checkpoint, incremental, so a rerun
@@ -19,10 +22,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import numpy as np
 
-from nsl.errors import NslError
+from nsl.errors import ArgumentParser, NslError, cli_main
 
 
 def cell_curves(root: str, limit: int | None, batch_size: int) -> list[dict]:
@@ -136,3 +140,18 @@ def study(root: str, limit: int | None = None, batch_size: int = 250) -> dict:
     f.write(result["table"] + "\n")
   plot(cells, os.path.join(root, "planning_study.png"))
   return result
+
+
+@cli_main
+def main(argv=None) -> int:
+  p = ArgumentParser(prog="python -m nsl.evals.planning_study", description=__doc__.split("\n")[0])
+  p.add_argument("--root", required=True, help="a planning grid root (nsl.scaling.grid)")
+  p.add_argument("--limit", type=int, default=None, help="first N test problems only")
+  p.add_argument("--batch_size", type=int, default=250)
+  a = p.parse_args(argv)
+  print(study(a.root, a.limit, a.batch_size)["table"])
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -12,7 +12,7 @@ from configs import nextlat as nextlat_configs
 from nsl import checkpoint
 from nsl import config as nsl_config
 from nsl.data.tasks import path_star, planning_dir
-from nsl.evals import planning
+from nsl.evals import planning, planning_study
 from nsl.models import registry
 from nsl.train import state as train_state
 
@@ -109,7 +109,7 @@ def test_root_study_groups_seeds_and_reports_each_seeds_last_point(tmp_path):
     _save(str(cell), [(10, 5 + seed), (20, 10 + seed)], family, config)
     task, prompts, answers = planning._test_set(config, None, None)
     direct[f"seed{seed}"] = planning.score(task, family, _state(family, config, 10 + seed).params, prompts, answers, 8)
-  assert planning.main(["--root", str(root), "--batch_size=8"]) == 0
+  assert planning_study.main(["--root", str(root), "--batch_size=8"]) == 0
   with open(root / "planning_study.json") as f:
     study = json.load(f)
   (row,) = study["groups"]
