@@ -105,7 +105,7 @@ class CrossKV(nn.Module):
     self.wv = self.param("wv", init, (d, h, hd))
 
   def __call__(self, c_BTD, positions):
-    proj = lambda w: jnp.einsum("bsd,dhk->bshk", c_BTD, w.astype(c_BTD.dtype))
+    proj = lambda w: layers.dense(c_BTD, w)
     return layers.rope(proj(self.wk), positions, self.dims.rope_theta), proj(self.wv)
 
 
@@ -152,8 +152,8 @@ class GeluMLP(nn.Module):
     d, std = self.dims.d_model, self.dims.hidden_std
     w_in = self.param("w_in", layers._init(std, ("embed", "mlp")), (d, 4 * d))
     w_out = self.param("w_out", layers._init(std / math.sqrt(2 * self.dims.n_layers), ("mlp", "embed")), (4 * d, d))
-    h = jax.nn.gelu(x_BTD @ w_in.astype(x_BTD.dtype))
-    return nn.with_logical_constraint(h, ("batch", "length", "mlp")) @ w_out.astype(x_BTD.dtype)
+    h = jax.nn.gelu(layers.dense(x_BTD, w_in))
+    return layers.dense(nn.with_logical_constraint(h, ("batch", "length", "mlp")), w_out)
 
 
 class GenLayer(nn.Module):

@@ -81,6 +81,24 @@ def _init(std: float, axes: tuple[str | None, ...]):
   return nn.with_logical_partitioning(nn.initializers.normal(stddev=std), axes)
 
 
+def dense(x, w, n_in: int = 1, *, transpose_w: bool = False, preferred_element_type=None):
+  """x's last `n_in` axes contracted with w's first `n_in` (`transpose_w`: w [out, in], with
+  its last axis), as one 2-D matmul over all leading positions [B·S, in].
+
+  The same math as the einsum; the layout is why: XLA:CPU runs the weight gradient of a 3-D
+  einsum (contracting batch and length together) far slower than a 2-D matmul's, measured on
+  2 cores at 8 × 256 tokens, d 256: SwiGLU forward + backward 127 -> 53 ms, the 50k-way head
+  likewise. TPU and GPU compile both forms to the same dot."""
+  lead, k = x.shape[:x.ndim - n_in], math.prod(x.shape[x.ndim - n_in:])
+  w = w.astype(x.dtype)
+  if transpose_w:
+    out_shape, w2 = w.shape[:w.ndim - n_in], w.reshape(-1, k).T
+  else:
+    out_shape, w2 = w.shape[n_in:], w.reshape(k, -1)
+  y = jnp.dot(x.reshape(-1, k), w2, preferred_element_type=preferred_element_type)
+  return y.reshape(lead + out_shape)
+
+
 class RMSNorm(nn.Module):
   """y = x / sqrt(mean(x²) + eps) · g, computed in float32."""
 
@@ -123,8 +141,7 @@ class Embedder(nn.Module):
     """Logits in float32 (the softmax of a 50k vocabulary needs it). Under μP they are multiplied
     by 1/m: with the tied embedding this is μP's "output multiplier" form of the readout rule
     (the embedding stays vector-like: constant init and LR; nsl/models/mup.py)."""
-    logits = jnp.einsum("bsd,vd->bsv", h_BSD, self.embedding.astype(h_BSD.dtype),
-                        preferred_element_type=jnp.float32)
+    logits = dense(h_BSD, self.embedding, transpose_w=True, preferred_element_type=jnp.float32)
     return logits if self.dims.mup_mult is None else logits * (1.0 / self.dims.mup_mult)
 
 
@@ -146,7 +163,7 @@ class Attention(nn.Module):
     self.wo = self.param("wo", _init(out_std, ("heads", "head_dim", "embed")), (h, hd, d))
 
   def _proj(self, x, w):
-    return jnp.einsum("bsd,dhk->bshk", x, w.astype(x.dtype))
+    return dense(x, w)
 
   def project_q(self, x_BSD, positions):
     q = rope(self._proj(x_BSD, self.wq), positions, self.dims.rope_theta)
@@ -156,7 +173,7 @@ class Attention(nn.Module):
     return rope(self._proj(x_BSD, self.wk), positions, self.dims.rope_theta), self._proj(x_BSD, self.wv)
 
   def output(self, o_BSHD):
-    return jnp.einsum("bshk,hkd->bsd", o_BSHD, self.wo.astype(o_BSHD.dtype))
+    return dense(o_BSHD, self.wo, n_in=2)
 
   def __call__(self, x_BSD, rule: masks.Rule, slots: attention.Slots | None, cache=None, step=None, layer=None):
     """Self-attention of a stream under `rule`; RoPE positions are the slots' `tok`.
@@ -192,10 +209,9 @@ class SwiGLU(nn.Module):
     w_gate = self.param("w_gate", _init(std, ("embed", "mlp")), (d, f))
     w_up = self.param("w_up", _init(std, ("embed", "mlp")), (d, f))
     w_down = self.param("w_down", _init(std / math.sqrt(2 * self.dims.n_layers), ("mlp", "embed")), (f, d))
-    dt = x_BSD.dtype
-    hidden = jax.nn.silu(x_BSD @ w_gate.astype(dt)) * (x_BSD @ w_up.astype(dt))
+    hidden = jax.nn.silu(dense(x_BSD, w_gate)) * dense(x_BSD, w_up)
     hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
-    return hidden @ w_down.astype(dt)
+    return dense(hidden, w_down)
 
 
 class Block(nn.Module):

@@ -204,8 +204,7 @@ class Fusion(nn.Module):
     w_gate = self.param("w_gate", init(std, (None, "mlp")), (2 * d, h))
     w_up = self.param("w_up", init(std, (None, "mlp")), (2 * d, h))
     w_down = self.param("w_down", init(std / math.sqrt(2 * self.dims.n_layers), ("mlp", "embed")), (h, d))
-    dt = e_BTD.dtype
-    return e_BTD + (jax.nn.silu(z @ w_gate.astype(dt)) * (z @ w_up.astype(dt))) @ w_down.astype(dt)
+    return e_BTD + layers.dense(jax.nn.silu(layers.dense(z, w_gate)) * layers.dense(z, w_up), w_down)
 
 
 class LiftLM(LM):
@@ -226,7 +225,7 @@ class LiftLM(LM):
 
   def state_embedding(self, probs_BTV):
     """s·E in float32 (the state's expected token embedding)."""
-    return jnp.einsum("btv,vd->btd", probs_BTV.astype(jnp.float32), self.embedder.embedding.astype(jnp.float32))
+    return layers.dense(probs_BTV.astype(jnp.float32), self.embedder.embedding)
 
   def fed_states(self, probs_BTV, segment_BT, drop_BT=None):
     """The fed state embedding per position: shifted states, initial state, bias where dropped."""

@@ -140,7 +140,7 @@ class Dynamics(nn.Module):
     for j, (shape, ax) in enumerate(zip(shapes, axes)):
       w = self.param(f"w{j}", layers._init(std, ax), shape)
       b = self.param(f"b{j}", nn.with_logical_partitioning(nn.initializers.zeros, (ax[1],)), (shape[1],))
-      x = x @ w.astype(x.dtype) + b.astype(x.dtype)
+      x = layers.dense(x, w) + b.astype(x.dtype)
       if j < 2:
         x = jax.nn.gelu(x)
     return h_BTD + x.astype(h_BTD.dtype)
@@ -156,7 +156,7 @@ class MTPHead(nn.Module):
     d, std = self.dims.d_model, self.dims.init_std
     w1 = self.param("w1", layers._init(std, ("embed", "mlp")), (d, self.dims.d_ff))
     w2 = self.param("w2", layers._init(std, ("mlp", "embed")), (self.dims.d_ff, d))
-    x = h_BTD + jax.nn.gelu(h_BTD @ w1.astype(h_BTD.dtype)) @ w2.astype(h_BTD.dtype)
+    x = h_BTD + layers.dense(jax.nn.gelu(layers.dense(h_BTD, w1)), w2)
     return layers.RMSNorm(self.dims.norm_eps, name="norm")(x)
 
 
@@ -201,8 +201,7 @@ class LatentLM(LM):
     """The head with a stop-gradient copy of its weights (p^sg): sg[E] on `read(z)`, with the
     final norm's scale frozen too for `residual` latents."""
     h_BTD = self.read(z_BTD, frozen=True)
-    return jnp.einsum("btd,vd->btv", h_BTD, sg(self.embedder.embedding).astype(h_BTD.dtype),
-                      preferred_element_type=jnp.float32)
+    return layers.dense(h_BTD, sg(self.embedder.embedding), transpose_w=True, preferred_element_type=jnp.float32)
 
   def latent_logits(self, z_BTD):
     """Next-token logits read from a (predicted) latent: the head on `read(z)` (self-speculative

@@ -71,14 +71,14 @@ class CrossAttention(nn.Module):
     wq, wk, wv = (self.param(n, init, (d, h, hd)) for n in ("wq", "wk", "wv"))
     wo = self.param("wo", layers._init(std / (2 * self.dims.n_layers) ** 0.5, ("heads", "head_dim", "embed")),
                     (h, hd, d))
-    proj = lambda x, w: jnp.einsum("bsd,dhk->bshk", x, w.astype(x.dtype))
+    proj = lambda x, w: layers.dense(x, w)
     q = proj(x_BTD, wq)
     if self.dims.query_scale is not None:  # μP attention: q·k/d_head
       q = q * jnp.asarray(self.dims.query_scale, q.dtype)
     o = attention.attend(q, proj(enc_BSD, wk), proj(enc_BSD, wv), CROSS_RULE, q_slots, k_slots,
                          impl=self.dims.attention_impl, chunk_q=self.dims.attention_chunk,
                          chunk_k=self.dims.attention_chunk)
-    return jnp.einsum("bshk,hkd->bsd", o, wo.astype(o.dtype))
+    return layers.dense(o, wo, n_in=2)
 
 
 class DecoderLayer(nn.Module):
