@@ -55,12 +55,16 @@ class Slots:
 
 
 def attend(q, k, v, rule: masks.Rule, q_slots: Slots, k_slots: Slots, *, impl: str = "auto",
-           chunk_q: int = 512, chunk_k: int = 512, return_lse: bool = False):
+           chunk_q: int = 0, chunk_k: int = 0, return_lse: bool = False):
   """Softmax attention where query slot i sees key slot j iff `visible(rule, i, j)`.
 
-  Returns out [B, Sq, H, D] (q.dtype), and lse [B, H, Sq] (float32) when `return_lse`.
+  `chunk_q` / `chunk_k`: the tile (kernel block) sizes; 0 = `tile_size`'s choice for the
+  platform and length. Returns out [B, Sq, H, D] (q.dtype), and lse [B, H, Sq] (float32) when
+  `return_lse`.
   """
   chosen = resolve_impl(impl)
+  chunk_q = chunk_q or tile_size(chosen, q.shape[1], k.shape[1])
+  chunk_k = chunk_k or tile_size(chosen, q.shape[1], k.shape[1])
   if impl == "auto" and chosen in ("splash", "pallas_gpu") and not _kernel_module(chosen).supports(
       q, k, v, rule, q_slots, k_slots, block_q=chunk_q, block_k=chunk_k):
     chosen = "chunked"  # auto means "the kernel where it applies": e.g. SED's 114-token encoder
@@ -76,6 +80,23 @@ def attend(q, k, v, rule: masks.Rule, q_slots: Slots, k_slots: Slots, *, impl: s
     kernel = _kernel_module(impl)
     out, lse = kernel.attend(q, k, v, rule, q_slots, k_slots, block_q=chunk_q, block_k=chunk_k)
   return (out, lse) if return_lse else out
+
+
+# Tiles of the chunked path on CPU for attentions of at most this many slots: 128-tiles skip more
+# of the causal triangle and keep a tile's scores in cache. Measured forward + backward per layer
+# (2 cores, batch 8, 4 heads of 64): causal 256 tokens 41 ms at 128-tiles vs 63 ms dense (one
+# 512-tile), SPS interleaved 512 slots 0.12 vs 0.19 s; at 1024+ slots 512-tiles were as fast
+# (causal 1024: 0.40 s vs 0.45 s at 128).
+CPU_SMALL_TILE, CPU_SMALL_UP_TO, DEFAULT_TILE = 128, 512, 512
+
+
+def tile_size(impl: str, sq: int, sk: int) -> int:
+  """The tile size when `model.attention_chunk` is 0 (auto): `DEFAULT_TILE` (the kernels' block),
+  `CPU_SMALL_TILE` for the chunked path on CPU up to `CPU_SMALL_UP_TO` slots."""
+  from nsl import sharding
+  if impl == "chunked" and sharding.platform() == "cpu" and max(sq, sk) <= CPU_SMALL_UP_TO:
+    return CPU_SMALL_TILE
+  return DEFAULT_TILE
 
 
 def resolve_impl(impl: str) -> str:

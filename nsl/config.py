@@ -336,7 +336,7 @@ def _check_numeric_ranges(config) -> None:
                       "(0 would zero every update)")
   _integer(config, "seed", 0)
   _integer(config, "train.max_nonfinite", 1)
-  _integer(config, "model.attention_chunk", 1)
+  _integer(config, "model.attention_chunk", 0)
   _integer(config, "checkpoint.every", 1)
   _integer(config, "checkpoint.keep", 1)
   for field in ("model.d_model", "model.n_layers", "model.n_heads", "model.d_ff", "model.vocab_size",

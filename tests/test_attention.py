@@ -75,3 +75,25 @@ def test_merge_lse_equals_softmax_over_union():
                                   return_lse=True))
   merged, _ = attention.merge_lse(*parts[0], *parts[1])
   np.testing.assert_allclose(merged, full, atol=1e-5)
+
+
+def test_auto_tile_size_is_128_on_cpu_for_short_attentions_and_512_otherwise():
+  # the host platform here is CPU: short chunked attentions get 128-tiles, long ones and the
+  # kernels keep the 512 block (the measured choice, `attention.tile_size`)
+  assert attention.tile_size("chunked", 256, 256) == attention.CPU_SMALL_TILE == 128
+  assert attention.tile_size("chunked", 512, 512) == 128
+  assert attention.tile_size("chunked", 1024, 1024) == attention.DEFAULT_TILE == 512
+  assert attention.tile_size("splash", 256, 256) == 512
+
+
+def test_auto_tiles_match_dense_at_256_slots():
+  # chunk 0 (auto) at 256 slots runs the 128-tiled online softmax, not one dense tile
+  q, k, v, segment = _inputs(b=2, s=256, h=2, d=8)
+  layout = masks.Layout.causal(256)
+  rule = masks.Rule()
+  auto = _loss("chunked", rule, layout, segment, chunk=0)
+  dense = _loss("xla", rule, layout, segment)
+  np.testing.assert_allclose(auto(q, k, v), dense(q, k, v), rtol=1e-5, atol=1e-3)
+  for ga, gd in zip(jax.grad(auto, (0, 1, 2))(q, k, v), jax.grad(dense, (0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(ga, gd, atol=5e-5)
+  assert attention._plan(rule, layout, layout, 128, 128).cq == 128

@@ -61,7 +61,7 @@ def _parse(argv):
   p.add_argument("--batch", type=int, default=1)
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--layout", default=None, choices=("interleaved", "stream_major"),
-                 help="prefill layout of the SPS variants (default: nsl.models.sps.default_layout per variant)")
+                 help="prefill layout of the SPS variants (default: nsl.models.sps.default_layout at the config's length)")
   p.add_argument("--workdir", default=None,
                  help="nextlat: a trained run (acceptance depends on the weights; prompts from its validation data)")
   p.add_argument("--draft_lens", default=None,
@@ -99,7 +99,7 @@ def variant_config(base, variant: str, window: int | None, layout: str | None = 
   c = copy.deepcopy(base)
   c.family = "sps"
   c.model.variant = variant
-  c.model.layout = layout or sps.default_layout(variant)
+  c.model.layout = layout  # None: sps.default_layout at the config's length
   if variant in ("standard", "twox_memory"):
     c.model.window = None
   else:

@@ -36,7 +36,7 @@ class Dims:
   remat: str = "none"
   scan_layers: bool = False
   attention_impl: str = "auto"
-  attention_chunk: int = 512
+  attention_chunk: int = 0  # 0: nsl.attention.tile_size
   mup_base_width: int | None = 0  # μP base width (nsl/models/mup.py); 0 / None = off
 
   @property

@@ -48,12 +48,14 @@ from nsl.models.family import Family, train_flops_per_token
 VARIANTS = ("sps", "twox_memory", "delayed_state", "reverse_sps", "standard")
 SLOT_VARIANTS = VARIANTS[:4]
 LAYOUTS = masks.ORDERS  # physical slot orders, `masks.Layout.grouped`
-# Default physical layout when `config.model.layout` is absent. Stream-major puts the temporary
-# keys in a band whose empty tiles the chunked/kernel paths skip: at 2048 tokens, w = 64, tiles
-# of 128, SPS visits 334 tiles instead of 528 and a chunked train step took 1106 vs 1679 ms
-# (CPU, d 64, 2 layers, best of 5 round-robin). twox_memory has no band (544 vs 528 tiles) but
-# measured 1573 vs 1652 ms stream-major vs interleaved, so it is the default for every variant.
-DEFAULT_LAYOUT = "stream_major"
+# Default physical layout when `config.model.layout` is absent, by length (`default_layout`),
+# from measurement on CPU (2 cores, 4 layers, d 256, 4 heads, batch 8, w 64, the chunked path;
+# attention forward + backward of `nsl.attention.attend`, README "Benchmarks"):
+# up to 1024 tokens interleaved was as fast or faster (per layer at 1024 tokens: 1.22 s interleaved vs 1.47 s stream-major, at 256 tokens with 128-tiles 0.125 vs
+# 0.177 s), so the band of empty tiles that stream-major buys does not pay for its layout there;
+# at 2048 tokens (d 64, 2 layers, tiles of 128) stream-major visited 334 tiles instead of 528
+# and its train step took 1106 vs 1679 ms.
+INTERLEAVED_UP_TO = 1024
 
 P, T_ = masks.PERSISTENT, masks.TEMPORARY
 
@@ -146,7 +148,7 @@ class SPSLM(nn.Module):
   dims: layers.Dims
   rule: masks.Rule
   variant: str
-  layout: str = DEFAULT_LAYOUT
+  layout: str = "interleaved"
   # Row of the tied embedding that is ρ ("tied"); None = a separate `predict_embedding` vector.
   predict_token_id: int | None = None
 
@@ -205,7 +207,7 @@ class SPSLM(nn.Module):
 
 class SPSFamily(Family):
   """`config.family = "sps"`, `config.model.variant` in VARIANTS, `config.model.layout` in
-  LAYOUTS (`default_layout(variant)` when absent), `config.model.window` = w,
+  LAYOUTS (`default_layout(variant, seq_len)` when absent), `config.model.window` = w,
   `config.model.predict_embedding` in PREDICT_EMBEDDINGS ("tied" when absent) and
   `config.model.predict_token_id` (the ρ row when tied; absent or None = the first id past the
   tokenizer's, as the authors' 50257 after GPT-2's 50257 ids)."""
@@ -339,15 +341,16 @@ def _abstract_params(dims: layers.Dims, no_separate_rho: bool, family: "SPSFamil
   return _ABSTRACT[key]
 
 
-def default_layout(variant: str) -> str:
-  del variant  # measured faster for every variant (see DEFAULT_LAYOUT)
-  return DEFAULT_LAYOUT
+def default_layout(variant: str, seq_len: int) -> str:
+  """The layout measured faster at `seq_len` tokens (`INTERLEAVED_UP_TO`), for every variant."""
+  del variant  # the same choice measured for every variant
+  return "interleaved" if seq_len <= INTERLEAVED_UP_TO else "stream_major"
 
 
 def layout_of(config) -> str:
-  """`config.model.layout`, defaulting to `default_layout(variant)` when absent or None."""
+  """`config.model.layout`, defaulting to `default_layout(variant, seq_len)` when absent or None."""
   value = config.model.get("layout", None)
-  return default_layout(config.model.variant) if value is None else value
+  return default_layout(config.model.variant, config.data.seq_len) if value is None else value
 
 
 def tokenizer_vocab(config) -> int:
