@@ -83,14 +83,21 @@ def _init(std: float, axes: tuple[str | None, ...]):
 
 def dense(x, w, n_in: int = 1, *, transpose_w: bool = False, preferred_element_type=None):
   """x's last `n_in` axes contracted with w's first `n_in` (`transpose_w`: w [out, in], with
-  its last axis), as one 2-D matmul over all leading positions [B·S, in].
+  its last axis); the einsum "...i,io->...o".
 
-  The same math as the einsum; the layout is why: XLA:CPU runs the weight gradient of a 3-D
-  einsum (contracting batch and length together) far slower than a 2-D matmul's, measured on
-  2 cores at 8 × 256 tokens, d 256: SwiGLU forward + backward 127 -> 53 ms, the 50k-way head
-  likewise. TPU and GPU compile both forms to the same dot."""
-  lead, k = x.shape[:x.ndim - n_in], math.prod(x.shape[x.ndim - n_in:])
+  On CPU (the context mesh's platform) as one 2-D matmul over all leading positions [B·S, in]:
+  XLA:CPU runs the weight gradient of a 3-D contraction (batch and length contracted together)
+  far slower, measured on 2 cores at 8 × 256 tokens, d 256: SwiGLU forward + backward 127 -> 53
+  ms, the standard train step 3.2 -> 1.7 s. Elsewhere one `dot_general` over the original axes,
+  as the einsum lowers: libtpu's memory-space assignment aborted the process on the reshaped
+  form of LIFT's state embedding (a check failure, not an exception)."""
+  from nsl import sharding
   w = w.astype(x.dtype)
+  w_in = tuple(range(w.ndim - n_in, w.ndim)) if transpose_w else tuple(range(n_in))
+  if sharding.platform() != "cpu":
+    x_in = tuple(range(x.ndim - n_in, x.ndim))
+    return jax.lax.dot_general(x, w, ((x_in, w_in), ((), ())), preferred_element_type=preferred_element_type)
+  lead, k = x.shape[:x.ndim - n_in], math.prod(x.shape[x.ndim - n_in:])
   if transpose_w:
     out_shape, w2 = w.shape[:w.ndim - n_in], w.reshape(-1, k).T
   else:
