@@ -63,8 +63,8 @@ def attend(q, k, v, rule: masks.Rule, q_slots: Slots, k_slots: Slots, *, impl: s
   `return_lse`.
   """
   chosen = resolve_impl(impl)
-  chunk_q = chunk_q or tile_size(chosen, q.shape[1], k.shape[1])
-  chunk_k = chunk_k or tile_size(chosen, q.shape[1], k.shape[1])
+  auto_tile = tile_size(chosen, q.shape[1], k.shape[1])
+  chunk_q, chunk_k = chunk_q or auto_tile, chunk_k or auto_tile
   if impl == "auto" and chosen in ("splash", "pallas_gpu") and not _kernel_module(chosen).supports(
       q, k, v, rule, q_slots, k_slots, block_q=chunk_q, block_k=chunk_k):
     chosen = "chunked"  # auto means "the kernel where it applies": e.g. SED's 114-token encoder

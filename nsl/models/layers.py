@@ -88,7 +88,7 @@ def dense(x, w, n_in: int = 1, *, transpose_w: bool = False, preferred_element_t
   On CPU (the context mesh's platform) as one 2-D matmul over all leading positions [B·S, in]:
   XLA:CPU runs the weight gradient of a 3-D contraction (batch and length contracted together)
   far slower, measured on 2 cores at 8 × 256 tokens, d 256: SwiGLU forward + backward 127 -> 53
-  ms, the standard train step 3.2 -> 1.7 s. Elsewhere one `dot_general` over the original axes,
+  ms (the train step: README "Benchmarks"). Elsewhere one `dot_general` over the original axes,
   as the einsum lowers: libtpu's memory-space assignment aborted the process on the reshaped
   form of LIFT's state embedding (a check failure, not an exception)."""
   from nsl import sharding

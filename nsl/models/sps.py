@@ -49,12 +49,12 @@ VARIANTS = ("sps", "twox_memory", "delayed_state", "reverse_sps", "standard")
 SLOT_VARIANTS = VARIANTS[:4]
 LAYOUTS = masks.ORDERS  # physical slot orders, `masks.Layout.grouped`
 # Default physical layout when `config.model.layout` is absent, by length (`default_layout`),
-# from measurement on CPU (2 cores, 4 layers, d 256, 4 heads, batch 8, w 64, the chunked path;
-# attention forward + backward of `nsl.attention.attend`, README "Benchmarks"):
-# up to 1024 tokens interleaved was as fast or faster (per layer at 1024 tokens: 1.22 s interleaved vs 1.47 s stream-major, at 256 tokens with 128-tiles 0.125 vs
-# 0.177 s), so the band of empty tiles that stream-major buys does not pay for its layout there;
-# at 2048 tokens (d 64, 2 layers, tiles of 128) stream-major visited 334 tiles instead of 528
-# and its train step took 1106 vs 1679 ms.
+# measured on CPU (2 cores, 4 layers, d 256, 4 heads, batch 8, w 64, the chunked path; attention
+# forward + backward per layer, README "Benchmarks"): up to 1024 tokens interleaved was as fast
+# or faster (1.22 s vs 1.47 s stream-major at 1024 tokens; 0.125 vs 0.177 s at 256 with
+# 128-tiles), so the band of empty tiles that stream-major buys does not pay for its layout
+# there; at 2048 tokens (d 64, 2 layers, tiles of 128) stream-major visited 334 tiles instead
+# of 528 and its train step took 1106 vs 1679 ms.
 INTERLEAVED_UP_TO = 1024
 
 P, T_ = masks.PERSISTENT, masks.TEMPORARY
