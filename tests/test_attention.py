@@ -15,6 +15,13 @@ def _inputs(b=2, s=64, h=2, d=8, seed=0):
   return q, k, v, jnp.asarray(np.stack(rows[:b]), jnp.int32)
 
 
+@pytest.fixture(params=["rows", "scan"])
+def schedule(request, monkeypatch):
+  """Both schedules of the chunked path: rows (CPU's default) and the scan accelerators run."""
+  monkeypatch.setattr(attention, "_row_schedule", lambda: request.param == "rows")
+  return request.param
+
+
 def _loss(impl, rule, layout, segment, chunk=16):
   slots = attention.Slots(layout, segment=segment)
 
@@ -28,7 +35,7 @@ def _loss(impl, rule, layout, segment, chunk=16):
 
 
 @pytest.mark.parametrize("rule", [masks.Rule(), masks.Rule(persistent_window=5), masks.Rule(persistent_window=0)])
-def test_chunked_matches_dense_values_and_gradients(rule):
+def test_chunked_matches_dense_values_and_gradients(rule, schedule):
   q, k, v, segment = _inputs()
   layout = masks.Layout.causal(q.shape[1])
   dense = _loss("xla", rule, layout, segment)
@@ -39,7 +46,7 @@ def test_chunked_matches_dense_values_and_gradients(rule):
     np.testing.assert_allclose(gc, gd, atol=2e-5)
 
 
-def test_chunked_handles_interleaved_temporary_keys_and_empty_rows():
+def test_chunked_handles_interleaved_temporary_keys_and_empty_rows(schedule):
   q, k, v, segment = _inputs(s=32)
   pos = np.arange(32)
   layout = masks.Layout(pos=pos, tok=pos // 2, kind=pos % 2)
@@ -50,7 +57,7 @@ def test_chunked_handles_interleaved_temporary_keys_and_empty_rows():
                                _loss("xla", rule, layout, seg)(q, k, v), rtol=1e-5)
 
 
-def test_fully_masked_rows_give_zero_and_neg_inf_lse():
+def test_fully_masked_rows_give_zero_and_neg_inf_lse(schedule):
   q, k, v, _ = _inputs(b=1, s=16)
   layout = masks.Layout.causal(16)
   qs = attention.Slots(layout, segment=jnp.ones((1, 16), jnp.int32))
@@ -77,17 +84,31 @@ def test_merge_lse_equals_softmax_over_union():
   np.testing.assert_allclose(merged, full, atol=1e-5)
 
 
-def test_auto_tile_size_is_128_on_cpu_for_short_attentions_and_512_otherwise():
-  # the host platform here is CPU: short chunked attentions get 128-tiles, long ones and the
-  # kernels keep the 512 block (the measured choice, `attention.tile_size`)
-  assert attention.tile_size("chunked", 256, 256) == attention.CPU_SMALL_TILE == 128
-  assert attention.tile_size("chunked", 512, 512) == 128
-  assert attention.tile_size("chunked", 1024, 1024) == attention.DEFAULT_TILE == 512
-  assert attention.tile_size("splash", 256, 256) == 512
+def test_auto_tile_size_is_128_for_chunked_on_cpu_and_512_for_kernels():
+  # the host platform here is CPU (the measured choice, `attention.tile_size`)
+  assert attention.tile_size("chunked") == attention.CPU_TILE == 128
+  assert attention.tile_size("splash") == attention.DEFAULT_TILE == 512
+
+
+@pytest.mark.parametrize("order", ["stream_major", "interleaved"])
+def test_chunked_matches_dense_on_sps_slots_with_split_key_runs(order, schedule):
+  # stream-major SPS slots: a query chunk's visible key chunks are two runs (persistent triangle,
+  # temporary band) that the row schedule concatenates; gradients scatter back to both
+  q, k, v, segment = _inputs(b=2, s=64)
+  layout = masks.Layout.grouped((masks.PERSISTENT, masks.TEMPORARY), 32, order)
+  seg = jnp.repeat(segment[:, ::2], 2, axis=1) if order == "interleaved" else jnp.tile(segment[:, ::2], (1, 2))
+  rule = masks.Rule(window=3)
+  plan = attention._plan(rule, layout, layout, 8, 8)
+  if order == "stream_major":
+    assert any(len(r) > 1 for r in attention._key_runs(plan))
+  chunked, dense = _loss("chunked", rule, layout, seg, chunk=8), _loss("xla", rule, layout, seg)
+  np.testing.assert_allclose(chunked(q, k, v), dense(q, k, v), rtol=1e-5, atol=1e-4)
+  for gc, gd in zip(jax.grad(chunked, (0, 1, 2))(q, k, v), jax.grad(dense, (0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(gc, gd, atol=2e-5)
 
 
 def test_auto_tiles_match_dense_at_256_slots():
-  # chunk 0 (auto) at 256 slots runs the 128-tiled online softmax, not one dense tile
+  # chunk 0 (auto) at 256 slots runs two 128-row chunks (CPU's tile), not one dense tile
   q, k, v, segment = _inputs(b=2, s=256, h=2, d=8)
   layout = masks.Layout.causal(256)
   rule = masks.Rule()
@@ -96,4 +117,3 @@ def test_auto_tiles_match_dense_at_256_slots():
   np.testing.assert_allclose(auto(q, k, v), dense(q, k, v), rtol=1e-5, atol=1e-3)
   for ga, gd in zip(jax.grad(auto, (0, 1, 2))(q, k, v), jax.grad(dense, (0, 1, 2))(q, k, v)):
     np.testing.assert_allclose(ga, gd, atol=5e-5)
-  assert attention._plan(rule, layout, layout, 128, 128).cq == 128
