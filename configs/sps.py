@@ -36,8 +36,8 @@ def variant_config(variant: str, family: str = "sps"):
   # the same for every variant (standard included) so the five differ only in the variant.
   c.model.vocab_size = 4160
   c.model.window = None if variant in ("twox_memory", "standard") else 16
-  # Pinned: the CPU study's cells ran stream-major (same losses as interleaved, which
-  # nsl.models.sps.default_layout would now pick at 128 tokens; changing it re-keys the cells).
+  # Pinned (it is also nsl.models.sps.DEFAULT_LAYOUT): the CPU study's cells ran stream-major,
+  # and the grid keys its cells by the config, so a later change of the default cannot re-key them.
   if family == "sps":
     c.model.layout = "stream_major"
   c.data.seq_len = 128

@@ -2,6 +2,10 @@
 
 __version__ = "0.1.0"
 
+from nsl import hostmem as _hostmem
+
+_hostmem.at_startup()  # `python -m nsl.…`: re-executes once with huge-page malloc, before JAX loads
+
 
 def _leave_out_absent_tpu() -> None:
   """With libtpu installed (the `[tpu]` extra, which `nsl.compile` needs on any host) but no TPU

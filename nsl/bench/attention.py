@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsl import attention, masks
+from nsl import attention, hostmem, masks
 from nsl.errors import ArgumentParser, ConfigError, NslError, cli_main
 from nsl.kernels import rules as kernel_rules
 from nsl.models import sps
@@ -96,7 +96,7 @@ def bench_one(name: str, slots: int, args, platform: str) -> dict:
                          {n: np.asarray(a) for n, a in dyn.items()})
   tiles = kernel_rules.tile_lists(rule, s.layout, s.layout, block, block)
   triangle = kernel_rules.causal_triangle_tiles(slots, block)
-  rec = {"bench": "attention", "rule": name, "slots": slots,
+  rec = {"bench": "attention", "rule": name, "slots": slots, "host_huge_pages": hostmem.status(),
          "tokens": slots // 2 if name.startswith(("sps", "delayed")) else slots, **desc,
          "window": args.window if name in ("window", "sps_interleaved", "sps_stream_major", "delayed") else None,
          "block": block,

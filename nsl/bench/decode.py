@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from nsl import hostmem
 from nsl.errors import ArgumentParser, ConfigError, cli_main
 
 VARIANTS = ("standard", "sps", "twox_memory", "delayed_state", "reverse_sps")
@@ -61,7 +62,7 @@ def _parse(argv):
   p.add_argument("--batch", type=int, default=1)
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--layout", default=None, choices=("interleaved", "stream_major"),
-                 help="prefill layout of the SPS variants (default: nsl.models.sps.default_layout at the config's length)")
+                 help="prefill layout of the SPS variants (default: the config's, else nsl.models.sps.DEFAULT_LAYOUT)")
   p.add_argument("--workdir", default=None,
                  help="nextlat: a trained run (acceptance depends on the weights; prompts from its validation data)")
   p.add_argument("--draft_lens", default=None,
@@ -99,7 +100,8 @@ def variant_config(base, variant: str, window: int | None, layout: str | None = 
   c = copy.deepcopy(base)
   c.family = "sps"
   c.model.variant = variant
-  c.model.layout = layout  # None: sps.default_layout at the config's length
+  if layout is not None:  # else the config's, or sps.DEFAULT_LAYOUT when it names none
+    c.model.layout = layout
   if variant in ("standard", "twox_memory"):
     c.model.window = None
   else:
@@ -137,7 +139,7 @@ def prepare_variant(config, args) -> dict:
   kv = decode.cache_bytes(cache)
   compiled = compiled.memory_analysis()
   rec = {
-      "bench": "decode", "variant": config.model.variant,
+      "bench": "decode", "variant": config.model.variant, "host_huge_pages": hostmem.status(),
       "window": None if not plan.temporary_slots else plan.ring_size,
       "layout": plan.layout if plan.group > 1 else None,
       "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "batch": args.batch,

@@ -15,6 +15,7 @@ import statistics
 import sys
 import time
 
+from nsl import hostmem
 from nsl.errors import ArgumentParser, cli_main
 
 
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
   print(json.dumps({
       "config": args.config, "family": config.family, "variant": config.model.variant,
       "batch": b, "seq_len": t, "tokens_per_step": tokens, "params_total": family.param_counts()["params_total"],
-      "devices": jax.device_count(), "backend": sharding.platform(),
+      "devices": jax.device_count(), "backend": sharding.platform(), "host_huge_pages": hostmem.status(),
       "compile_sec": round(compile_s, 3), "step_sec": round(step_s, 4), "step_sec_all": [round(x, 4) for x in times],
       "tokens_per_sec": round(tokens / step_s, 1), "flops_per_step": flops,
       "achieved_gflops": round(achieved / 1e9, 2),

@@ -48,14 +48,13 @@ from nsl.models.family import Family, train_flops_per_token
 VARIANTS = ("sps", "twox_memory", "delayed_state", "reverse_sps", "standard")
 SLOT_VARIANTS = VARIANTS[:4]
 LAYOUTS = masks.ORDERS  # physical slot orders, `masks.Layout.grouped`
-# Default physical layout when `config.model.layout` is absent, by length (`default_layout`),
-# measured on CPU (2 cores, 4 layers, d 256, 4 heads, batch 8, w 64, the chunked path; attention
-# forward + backward per layer, README "Benchmarks"): up to 1024 tokens interleaved was as fast
-# or faster (1.22 s vs 1.47 s stream-major at 1024 tokens; 0.125 vs 0.177 s at 256 with
-# 128-tiles), so the band of empty tiles that stream-major buys does not pay for its layout
-# there; at 2048 tokens (d 64, 2 layers, tiles of 128) stream-major visited 334 tiles instead
-# of 528 and its train step took 1106 vs 1679 ms.
-INTERLEAVED_UP_TO = 1024
+# Default physical layout when `config.model.layout` is absent, measured on CPU (2 cores, 4 layers,
+# d 256, 4 heads, batch 8, w 64, the chunked path's row schedule with 128-tiles, README
+# "Benchmarks"): attention forward + backward per layer at 1024 tokens 0.70 s stream-major vs
+# 1.08 s interleaved (the temporary keys' band leaves whole tiles empty), at 256 tokens 0.08-0.11
+# vs 0.09 s; whole train steps were within noise of each other at both lengths (alternating
+# runs: 884/1055 vs 924/880 tok/s at 256, 657/751 vs 752/685 at 1024). One default, no threshold.
+DEFAULT_LAYOUT = "stream_major"
 
 P, T_ = masks.PERSISTENT, masks.TEMPORARY
 
@@ -207,7 +206,7 @@ class SPSLM(nn.Module):
 
 class SPSFamily(Family):
   """`config.family = "sps"`, `config.model.variant` in VARIANTS, `config.model.layout` in
-  LAYOUTS (`default_layout(variant, seq_len)` when absent), `config.model.window` = w,
+  LAYOUTS (`DEFAULT_LAYOUT` when absent), `config.model.window` = w,
   `config.model.predict_embedding` in PREDICT_EMBEDDINGS ("tied" when absent) and
   `config.model.predict_token_id` (the ρ row when tied; absent or None = the first id past the
   tokenizer's, as the authors' 50257 after GPT-2's 50257 ids)."""
@@ -341,16 +340,10 @@ def _abstract_params(dims: layers.Dims, no_separate_rho: bool, family: "SPSFamil
   return _ABSTRACT[key]
 
 
-def default_layout(variant: str, seq_len: int) -> str:
-  """The layout measured faster at `seq_len` tokens (`INTERLEAVED_UP_TO`), for every variant."""
-  del variant  # the same choice measured for every variant
-  return "interleaved" if seq_len <= INTERLEAVED_UP_TO else "stream_major"
-
-
 def layout_of(config) -> str:
-  """`config.model.layout`, defaulting to `default_layout(variant, seq_len)` when absent or None."""
+  """`config.model.layout`, `DEFAULT_LAYOUT` when absent or None."""
   value = config.model.get("layout", None)
-  return default_layout(config.model.variant, config.data.seq_len) if value is None else value
+  return DEFAULT_LAYOUT if value is None else value
 
 
 def tokenizer_vocab(config) -> int:

@@ -288,10 +288,9 @@ def test_bad_layout_and_default_layout():
   c = tiny_config("/nonexistent", **{"family": "sps", "model.variant": "sps", "model.window": 4, "model.vocab_size": VOCAB})
   assert "layout" not in c.model
   nsl_config.validate(c)
-  assert c.data.seq_len <= sps.INTERLEAVED_UP_TO
-  assert registry.get_family(c).layout_name == "interleaved"  # measured faster up to 1024 tokens
-  c.data.seq_len = sps.INTERLEAVED_UP_TO + 1
-  assert registry.get_family(c).layout_name == "stream_major"
+  assert registry.get_family(c).layout_name == sps.DEFAULT_LAYOUT == "stream_major"
+  c.model.layout = "interleaved"
+  assert registry.get_family(c).layout_name == "interleaved"
 
 
 # ----------------------------------------------------------------------------- configs
