@@ -339,8 +339,8 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 # concatenation of its non-empty key chunks in one exact softmax (no online rescaling), so a
 # row's scores are produced and consumed while they are in cache, and XLA:CPU sees a few large
 # matmuls rather than a scan of small ones. The scan's per-tile loop with rescaled accumulators
-# was 1.5-1.9x slower on 2 cores (forward + backward, causal, batch 8, 4 heads of 64: 43 vs 23 ms
-# at 256 tokens, 0.38 vs 0.26 s at 1024). Static Python loop over query chunks: the plan is static.
+# was 1.5-2x slower on 2 cores (forward + backward, causal, batch 8, 4 heads of 64: 61 vs 31 ms
+# at 256 tokens, 0.50 vs 0.26-0.29 s at 1024). Static Python loop over query chunks: the plan is static.
 
 
 def _key_runs(plan: _TilePlan) -> tuple[tuple[tuple[int, int], ...], ...]:
