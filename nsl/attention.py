@@ -160,14 +160,25 @@ def attend_dense(q, k, v, rule: masks.Rule, q_fields: dict, k_fields: dict):
     mask = mask[None]
   scale = 1.0 / math.sqrt(q.shape[-1])
   s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
-  s = jnp.where(mask[:, None], s, -jnp.inf)
-  m = jnp.max(s, axis=-1, keepdims=True)
-  m_safe = jnp.where(jnp.isneginf(m), 0.0, m)
-  p = jnp.exp(s - m_safe)
-  l = jnp.sum(p, axis=-1, keepdims=True)
-  out = jnp.einsum("bhqk,bkhd->bqhd", p / jnp.where(l == 0, 1.0, l), v.astype(jnp.float32))
-  lse = jnp.where(l[..., 0] == 0, -jnp.inf, m_safe[..., 0] + jnp.log(jnp.where(l[..., 0] == 0, 1.0, l[..., 0])))
+  e, l_safe, lse = _softmax_parts(jnp.where(mask[:, None], s, -jnp.inf))
+  out = jnp.einsum("bhqk,bkhd->bqhd", e / l_safe[..., None], v.astype(jnp.float32))
   return out.astype(q.dtype), lse
+
+
+def _softmax_parts(s):
+  """Scores (-inf where hidden) -> (exp(s - max), its row sums with 0 made 1, lse): the softmax
+  is `e / l_safe`; a row that sees no key gets zeros and an lse of -inf (`merge_lse` needs both)."""
+  m = jnp.max(s, axis=-1)
+  m_safe = jnp.where(jnp.isneginf(m), 0.0, m)
+  e = jnp.exp(s - m_safe[..., None])
+  l = jnp.sum(e, axis=-1)
+  l_safe = jnp.where(l == 0, 1.0, l)
+  return e, l_safe, jnp.where(l == 0, -jnp.inf, m_safe + jnp.log(l_safe))
+
+
+def _no_cotangents(tree):
+  """float0 cotangents for the integer metadata (segment / block ids) a custom VJP takes."""
+  return jax.tree.map(lambda a: np.zeros(a.shape, jax.dtypes.float0), tree)
 
 
 # ----------------------------------------------------------------------------- chunked XLA path
@@ -325,9 +336,8 @@ def _flash_bwd(plan, res, cts):
 
   zeros = lambda x: jnp.zeros(x.shape, jnp.float32)
   (dq, dk, dv), _ = jax.lax.scan(step, (zeros(qc), zeros(kc), zeros(vc)), _pair_arrays(plan))
-  zero_dyn = lambda d: jax.tree.map(lambda a: np.zeros(a.shape, jax.dtypes.float0), d)
   return (_from_chunks(dq).astype(q.dtype), _from_chunks(dk).astype(k.dtype),
-          _from_chunks(dv).astype(v.dtype), zero_dyn(dyn_q), zero_dyn(dyn_k))
+          _from_chunks(dv).astype(v.dtype), _no_cotangents(dyn_q), _no_cotangents(dyn_k))
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -391,16 +401,11 @@ def _rows_fwd_impl(plan: _TilePlan, q, k, v, dyn_q, dyn_k):
     qi = qh[:, :, i * plan.cq:(i + 1) * plan.cq]
     s = jnp.einsum("bhqd,bhkd->bhqk", qi, _gather_runs(kh, runs, plan.ck),
                    preferred_element_type=jnp.float32) * scale
-    s = jnp.where(_row_mask(plan, i, runs, dyn_q, dyn_k)[:, None], s, -jnp.inf)
-    m = jnp.max(s, axis=-1)
-    m_safe = jnp.where(jnp.isneginf(m), 0.0, m)
-    p = jnp.exp(s - m_safe[..., None])
-    l = jnp.sum(p, axis=-1)
-    l_safe = jnp.where(l == 0, 1.0, l)
-    pv = jnp.einsum("bhqk,bhkd->bhqd", p.astype(vh.dtype), _gather_runs(vh, runs, plan.ck),
+    e, l_safe, lse = _softmax_parts(jnp.where(_row_mask(plan, i, runs, dyn_q, dyn_k)[:, None], s, -jnp.inf))
+    pv = jnp.einsum("bhqk,bhkd->bhqd", e.astype(vh.dtype), _gather_runs(vh, runs, plan.ck),
                     preferred_element_type=jnp.float32)
-    outs.append(pv / l_safe[..., None])
-    lses.append(jnp.where(l == 0, -jnp.inf, m_safe + jnp.log(l_safe)))
+    outs.append(pv / l_safe[..., None])  # normalise the [cq, D] output, not the [cq, L] scores
+    lses.append(lse)
   out = _heads_major(jnp.concatenate(outs, axis=2)).astype(q.dtype)
   return out, jnp.concatenate(lses, axis=2)
 
@@ -450,9 +455,8 @@ def _rows_bwd(plan, res, cts):
   dk = jnp.concatenate([total(p) for p in dk_parts], axis=2)
   dv = jnp.concatenate([total(p) for p in dv_parts], axis=2)
   dq = jnp.concatenate(dqs, axis=2)
-  zero_dyn = lambda t: jax.tree.map(lambda a: np.zeros(a.shape, jax.dtypes.float0), t)
   return (_heads_major(dq).astype(q.dtype), _heads_major(dk).astype(k.dtype),
-          _heads_major(dv).astype(v.dtype), zero_dyn(dyn_q), zero_dyn(dyn_k))
+          _heads_major(dv).astype(v.dtype), _no_cotangents(dyn_q), _no_cotangents(dyn_k))
 
 
 _rows.defvjp(_rows_fwd, _rows_bwd)

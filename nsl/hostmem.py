@@ -77,7 +77,8 @@ def nsl_module(argv: list[str]) -> str | None:
 
 def at_startup() -> None:
   """When this process is a `python -m nsl.…` command and huge pages are off but available (and
-  `GLIBC_TUNABLES` does not name the tunable), re-execute the same command line with `GLIBC_TUNABLES` += `glibc.malloc.hugetlb=1`."""
+  `GLIBC_TUNABLES` does not name the tunable), re-execute the same command line with
+  `GLIBC_TUNABLES` += `glibc.malloc.hugetlb=1`."""
   argv = list(getattr(sys, "orig_argv", []))
   if not argv or not sys.executable or nsl_module(argv) is None or status() != "off":
     return
