@@ -87,7 +87,3 @@ def at_startup() -> None:
   sys.stdout.flush()
   sys.stderr.flush()
   os.execve(sys.executable, [sys.executable] + argv[1:], env)
-
-
-if __name__ == "__main__":  # `python -m nsl.hostmem`: what an nsl command runs with here
-  print(status())
