@@ -111,10 +111,23 @@ def trunk(dims, rule: masks.Rule, params, x_BSD, cache: kv_cache.KVCache, step: 
   """The shared trunk (`layers.Stack`, parameters `params['trunk']`) on the new slots `step`
   with the cache: -> (cache, final-normed hidden states [B, S, D]; with `with_residual` the pair
   (residual stream before the final norm, final-normed), for NextLat's `latent="residual"`). It
-  runs scanned over the layers (one compiled layer body) whichever form the parameters are stored in."""
-  d = dataclasses.replace(dims, scan_layers=True, remat="none")
-  p = layers.scanned_params(params["trunk"], dims.n_layers)
+  runs scanned over the layers (one compiled layer body) whichever form the parameters are stored
+  in, except on a `per_layer` cache: then unrolled, each layer reading its own weights and K/V
+  buffers in place (`token_loop_params` makes the weights' form once, before the token loop)."""
+  if cache.is_per_layer:
+    d = dataclasses.replace(dims, scan_layers=False, remat="none")
+    p = layers.unscanned_params(params["trunk"], dims.n_layers)
+  else:
+    d = dataclasses.replace(dims, scan_layers=True, remat="none")
+    p = layers.scanned_params(params["trunk"], dims.n_layers)
   return layers.Stack(d, rule).apply({"params": p}, x_BSD, slots, cache=cache, step=step, with_residual=with_residual)
+
+
+def token_loop_params(dims, params):
+  """`params` with the trunk's layers as separate arrays (`layers.unscanned_params`), made once
+  (inside jit: one copy) before a loop over tokens that runs on a `per_layer` cache, so each step
+  reads every layer's weights in place rather than copying a slice of the stacked ones."""
+  return {**params, "trunk": layers.unscanned_params(params["trunk"], dims.n_layers)}
 
 
 # ----------------------------------------------------------------------------- cache
@@ -202,9 +215,12 @@ def prefill_jit(dims, plan, params, prompt_BN, max_tokens: int):
 def decode_loop(dims, plan, params, cache, logits_BV, steps: int, temperature, start, rng):
   """Samples `steps` tokens starting from the prefill's logits: token k is drawn from logits k
   and (except the last) fed back at position `start + k`. Returns (tokens [B, steps],
-  logits [B, steps, V], final cache)."""
+  logits [B, steps, V], final cache). The token loop is a `lax.scan` (one compiled step) whose
+  step runs the layers unrolled on per-layer weights and K/V (`KVCache.per_layer`: an XS step
+  on 2 cores ~1.6x faster than reading slices of stacked arrays in a layer scan)."""
   rngs = jax.random.split(rng, steps)
   first = sample(logits_BV, rngs[0], temperature)
+  params, cache = token_loop_params(dims, params), cache.per_layer()
 
   def body(carry, xs):
     cache, token = carry
@@ -215,6 +231,7 @@ def decode_loop(dims, plan, params, cache, logits_BV, steps: int, temperature, s
 
   idx = start + jnp.arange(steps - 1, dtype=jnp.int32)
   (cache, _), (toks, step_logits) = jax.lax.scan(body, (cache, first), (idx, rngs[1:]))
+  cache = cache.stacked()
   tokens = jnp.concatenate([first[:, None], toks.T], axis=1)
   all_logits = jnp.concatenate([logits_BV[:, None], jnp.swapaxes(step_logits, 0, 1)], axis=1)
   return tokens, all_logits, cache

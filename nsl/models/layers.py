@@ -202,7 +202,7 @@ class Attention(nn.Module):
       o = cache.attend(q, k, v, rule, step, layer)
     if cache is None:
       return self.output(o)
-    return cache.write_kv(layer, k, v, step), self.output(o)
+    return cache.write_kv(layer, k, v, step, after=o), self.output(o)
 
 
 class SwiGLU(nn.Module):
@@ -334,6 +334,16 @@ def scanned_params(stack_params, n_layers: int):
   blocks = [stack_params[f"block_{i}"] for i in range(n_layers)]
   rest = {k: v for k, v in stack_params.items() if not k.startswith("block_")}
   return {**rest, "layers": jax.tree.map(lambda *a: jnp.stack(a), *blocks)}
+
+
+def unscanned_params(stack_params, n_layers: int):
+  """A Stack's parameters in the unrolled form (`block_i`), from either form: the inverse of
+  `scanned_params`. Under jit each layer becomes its own buffer (one copy), which a loop over
+  tokens then reads in place (nsl/models/kv_cache.py, "Per-layer form")."""
+  if "layers" not in stack_params:
+    return stack_params
+  rest = {k: v for k, v in stack_params.items() if k != "layers"}
+  return {**rest, **{f"block_{i}": jax.tree.map(lambda a: a[i], stack_params["layers"]) for i in range(n_layers)}}
 
 
 def next_token_targets(batch: dict[str, Any]):
