@@ -31,7 +31,7 @@ def _loss(impl, rule, layout, segment, chunk=16):
     lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
     return jnp.sum(out * jnp.cos(out)) + jnp.sum(jnp.sin(lse))
 
-  return f
+  return jax.jit(f)  # one compile per test, not one per primitive
 
 
 @pytest.mark.parametrize("rule", [masks.Rule(), masks.Rule(persistent_window=5), masks.Rule(persistent_window=0)])
@@ -42,7 +42,7 @@ def test_chunked_matches_dense_values_and_gradients(rule, schedule):
   chunked = _loss("chunked", rule, layout, segment)
   # a scalar sum over many O(1) terms: fp32 rounding of the summands, not relative to the sum
   np.testing.assert_allclose(chunked(q, k, v), dense(q, k, v), rtol=1e-5, atol=1e-4)
-  for gc, gd in zip(jax.grad(chunked, (0, 1, 2))(q, k, v), jax.grad(dense, (0, 1, 2))(q, k, v)):
+  for gc, gd in zip(jax.jit(jax.grad(chunked, (0, 1, 2)))(q, k, v), jax.jit(jax.grad(dense, (0, 1, 2)))(q, k, v)):
     np.testing.assert_allclose(gc, gd, atol=2e-5)
 
 
@@ -103,7 +103,7 @@ def test_chunked_matches_dense_on_sps_slots_with_split_key_runs(order, schedule)
     assert any(len(r) > 1 for r in attention._key_runs(plan))
   chunked, dense = _loss("chunked", rule, layout, seg, chunk=8), _loss("xla", rule, layout, seg)
   np.testing.assert_allclose(chunked(q, k, v), dense(q, k, v), rtol=1e-5, atol=1e-4)
-  for gc, gd in zip(jax.grad(chunked, (0, 1, 2))(q, k, v), jax.grad(dense, (0, 1, 2))(q, k, v)):
+  for gc, gd in zip(jax.jit(jax.grad(chunked, (0, 1, 2)))(q, k, v), jax.jit(jax.grad(dense, (0, 1, 2)))(q, k, v)):
     np.testing.assert_allclose(gc, gd, atol=2e-5)
 
 
@@ -115,5 +115,5 @@ def test_auto_tiles_match_dense_at_256_slots():
   auto = _loss("chunked", rule, layout, segment, chunk=0)
   dense = _loss("xla", rule, layout, segment)
   np.testing.assert_allclose(auto(q, k, v), dense(q, k, v), rtol=1e-5, atol=1e-3)
-  for ga, gd in zip(jax.grad(auto, (0, 1, 2))(q, k, v), jax.grad(dense, (0, 1, 2))(q, k, v)):
+  for ga, gd in zip(jax.jit(jax.grad(auto, (0, 1, 2)))(q, k, v), jax.jit(jax.grad(dense, (0, 1, 2)))(q, k, v)):
     np.testing.assert_allclose(ga, gd, atol=5e-5)

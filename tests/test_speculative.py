@@ -42,15 +42,19 @@ def test_cached_forward_matches_model(fam_params):
   fam, params = fam_params
   dims, plan = fam.dims, fam.slot_plan()
   toks = jax.random.randint(jax.random.PRNGKey(2), (1, 12), 0, 64)
-  ref = fam.model.apply({"params": params}, toks, jnp.ones_like(toks), method="hidden")
-  h0, cache = decode.prefill_hidden(dims, plan, params, toks[:, :7], 16)
+  # jitted (one compile per call shape): eagerly, every primitive of the scans compiles alone
+  hidden = jax.jit(lambda p, t: fam.model.apply({"params": p}, t, jnp.ones_like(t), method="hidden"))
+  prefill_hidden = jax.jit(decode.prefill_hidden, static_argnums=(0, 1, 4))
+  extend = jax.jit(decode.extend, static_argnums=(0, 1))
+  ref = hidden(params, toks)
+  h0, cache = prefill_hidden(dims, plan, params, toks[:, :7], 16)
   np.testing.assert_allclose(h0, ref[:, 6], atol=2e-4, rtol=2e-4)
-  h2, _ = decode.extend(dims, plan, params, cache, toks[:, 7:], jnp.int32(7))
+  h2, _ = extend(dims, plan, params, cache, toks[:, 7:], jnp.int32(7))
   np.testing.assert_allclose(h2, ref[:, 7:], atol=2e-4, rtol=2e-4)
   cache = decode.init_cache(dims, plan, 1, 16)
-  h1, cache = decode.extend(dims, plan, params, cache, toks[:, :7], jnp.int32(0))
-  _, stale = decode.extend(dims, plan, params, cache, jnp.zeros((1, 4), jnp.int32), jnp.int32(7))
-  h2, _ = decode.extend(dims, plan, params, stale, toks[:, 7:], jnp.int32(7))
+  h1, cache = extend(dims, plan, params, cache, toks[:, :7], jnp.int32(0))
+  _, stale = extend(dims, plan, params, cache, jnp.zeros((1, 4), jnp.int32), jnp.int32(7))
+  h2, _ = extend(dims, plan, params, stale, toks[:, 7:], jnp.int32(7))
   np.testing.assert_allclose(np.concatenate([h1, h2], 1), ref, atol=2e-4, rtol=2e-4)
 
 
@@ -64,8 +68,9 @@ def test_greedy_speculative_equals_plain_greedy(fam_params):
   assert stats["rounds"] >= 1 and all(0 <= a <= 3 for a in stats["accepted"])
   # and plain cached greedy equals uncached greedy with the training forward
   seq = jnp.asarray(prompt)[None]
+  forward = jax.jit(lambda p, s: fam.model.apply({"params": p}, s, jnp.ones_like(s)))
   for t in plain[:6]:
-    logits = fam.model.apply({"params": params}, seq, jnp.ones_like(seq))
+    logits = forward(params, seq)
     assert int(jnp.argmax(logits[0, -1])) == int(t)
     seq = jnp.concatenate([seq, jnp.asarray([[t]], jnp.int32)], axis=1)
 

@@ -48,7 +48,7 @@ def _batch(seed: int = 0):
 @pytest.fixture(scope="module", params=sorted(registry.FAMILIES))
 def built(request):
   family = registry.get_family(_config(request.param))
-  return family, nn.unbox(family.init(jax.random.PRNGKey(1)))
+  return family, nn.unbox(jax.jit(family.init)(jax.random.PRNGKey(1)))  # jitted: eager init compiles op by op
 
 
 def _ce(logits, batch):
@@ -76,7 +76,7 @@ def test_token_logits_shape_and_the_eval_step(built):
   batch = _batch()
   logits = jax.jit(lambda p, b: family.token_logits(p, b))(params, batch)
   assert logits.shape == (B, T, V) and bool(jnp.all(jnp.isfinite(logits)))
-  s, n = family.eval_nll(params, batch)
+  s, n = jax.jit(family.eval_nll)(params, batch)
   if family.name == "sed":  # SED's eval scores its corrupted spans, not next tokens
     return
   ce, w = _ce(logits, batch)
@@ -91,13 +91,13 @@ def test_the_loss_is_scored_on_token_logits(built):
   if family.name == "sed":
     pytest.skip("SED's loss is over corrupted spans; its token_logits read the decoder on whole-document spans")
   batch, rng = _batch(1), jax.random.PRNGKey(5)
-  loss, metrics = family.loss(params, batch, rng, jnp.zeros((), jnp.int32))
+  loss, metrics = jax.jit(family.loss)(params, batch, rng, jnp.zeros((), jnp.int32))
   options = {}
   if family.name == "double_decoder":
     options["block_BT"] = family.loss_blocks(rng, T)
   if family.name == "lift":  # variant lift at step 0: the teacher phase, fed the teacher's states
     options["feed"] = "teacher"
-  ce, _ = _ce(family.token_logits(params, batch, **options), batch)
+  ce, _ = _ce(jax.jit(lambda p, b: family.token_logits(p, b, **options))(params, batch), batch)
   np.testing.assert_allclose(float(metrics.get("ce", loss)), float(ce), rtol=1e-5)
 
 
@@ -119,10 +119,10 @@ def test_with_rule_replaces_the_rule_or_says_why_not(built):
       family.with_rule(family.rule)
     return
   batch = _batch(3)
-  same = family.token_logits(params, batch, model=family.with_rule(family.rule))
-  np.testing.assert_array_equal(same, family.token_logits(params, batch))
-  narrow = family.token_logits(params, batch, model=family.with_rule(masks.Rule(causal=True, same_segment=True,
-                                                                               persistent_window=1)))
+  logits = lambda model=None: jax.jit(lambda p, b: family.token_logits(p, b, model=model))(params, batch)
+  same = logits(family.with_rule(family.rule))
+  np.testing.assert_array_equal(same, logits())
+  narrow = logits(family.with_rule(masks.Rule(causal=True, same_segment=True, persistent_window=1)))
   assert not np.allclose(narrow, same)
 
 

@@ -44,7 +44,7 @@ def params_of(config, seed=0):
 
 def family_and_params(variant="lift", seed=0, **kw):
   fam = lift.LiftFamily(tiny_config(variant, **kw))
-  return fam, nn.unbox(fam.init(jax.random.PRNGKey(seed)))
+  return fam, nn.unbox(jax.jit(fam.init)(jax.random.PRNGKey(seed)))  # jitted: eager init compiles op by op
 
 
 def batch(seed=0, b=2, t=9):
