@@ -229,8 +229,8 @@ class KVCache:
 
   def nbytes(self) -> dict[str, int]:
     """Bytes allocated: K/V of the persistent part, of the ring, and the slot metadata."""
-    c = self.stacked() if self.is_per_layer else self
-    per_entry = 2 * c.k.size // self.size * c.k.dtype.itemsize  # K and V of one entry
+    ks = self.k if self.is_per_layer else (self.k,)
+    per_entry = 2 * sum(a.size for a in ks) // self.size * ks[0].dtype.itemsize  # K and V of one entry
     meta = sum(int(a.size * a.dtype.itemsize) for a in (self.pos, self.tok, self.kind, self.segment))
     out = {"persistent": self.n_persistent * per_entry, "ring": self.ring * per_entry, "metadata": meta}
     out["total"] = sum(out.values())

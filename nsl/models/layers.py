@@ -343,7 +343,7 @@ def unscanned_params(stack_params, n_layers: int):
   if "layers" not in stack_params:
     return stack_params
   rest = {k: v for k, v in stack_params.items() if k != "layers"}
-  return {**rest, **{f"block_{i}": jax.tree.map(lambda a: a[i], stack_params["layers"]) for i in range(n_layers)}}
+  return {**rest, **{f"block_{i}": layer_params(stack_params, i) for i in range(n_layers)}}
 
 
 def next_token_targets(batch: dict[str, Any]):
