@@ -1,6 +1,5 @@
 """KV-cache generation equals recomputing the whole sequence, for standard and every SPS variant."""
 
-import re
 
 import flax.linen as nn
 import jax
@@ -10,6 +9,7 @@ import pytest
 
 from nsl import decode
 from nsl.models import registry
+from tests import hlo as hlo_text
 from tests.helpers import tiny_config
 
 PROMPT, NEW = 5, 9  # 14 tokens: the rings of w <= 3 wrap several times
@@ -182,40 +182,6 @@ def _compiled_decode_loop(variant="standard", window=None, family="standard"):
   return hlo, cache
 
 
-def _computations(hlo):
-  """{computation name: its instruction lines} of an HLO module's text, and the entry's name."""
-  comps, name, entry = {}, None, None
-  for line in hlo.splitlines():
-    head = re.match(r"(ENTRY )?%(\S+) ", line)
-    if head and line.rstrip().endswith("{"):
-      name = head.group(2)
-      comps[name] = []
-      entry = name if head.group(1) else entry
-    elif name and line.startswith("  "):
-      comps[name].append(line.strip())
-  return comps, entry
-
-
-def _called(lines, attrs=("calls", "body", "condition", "to_apply", "branch_computations")):
-  """Names of the computations that instructions `lines` call through `attrs`."""
-  out = set()
-  for line in lines:
-    for attr, one, many in re.findall(r"(\w+)=(?:%([\w.-]+)|\{([^}]*)\})", line):
-      if attr in attrs:
-        out |= {one} if one else {n.strip().lstrip("%") for n in many.split(",")}
-  return out
-
-
-def _shape(dims):
-  return "f32[" + ",".join(map(str, dims)) + "]"
-
-
-def _made(line):
-  """(result type, opcode) of an instruction line, e.g. ('f32[2,2,16,17]', 'fusion')."""
-  m = re.match(r"(?:ROOT )?%\S+ = (\w+\[[\d,]*\])\S* ([\w-]+)\(", line)
-  return (m.group(1), m.group(2)) if m else (None, None)
-
-
 def test_decode_loop_copies_no_cache_inside_its_loops():
   """The token loop runs on the cache's per-layer form (`KVCache.per_layer`) and each layer's
   K/V write is ordered after that layer's reads (`write_kv(after=...)`): inside the compiled
@@ -224,10 +190,8 @@ def test_decode_loop_copies_no_cache_inside_its_loops():
   copied it twice per layer; unordered per-layer writes copied each layer's buffer twice per
   token: an XS decode step 1.4x resp. 1.8x slower.)"""
   hlo, cache = _compiled_decode_loop()
-  comps, entry = _computations(hlo)
-  shapes = {_shape(cache.k.shape), _shape(cache.v.shape), _shape(cache.k.shape[1:]), _shape(cache.v.shape[1:])}
-  in_loop = [line[:100] for name, lines in comps.items() if name != entry for line in lines
-             if _made(line) in {(f, "copy") for f in shapes}]
+  shapes = {hlo_text.shape(a) for a in (cache.k.shape, cache.v.shape, cache.k.shape[1:], cache.v.shape[1:])}
+  in_loop = hlo_text.copies_outside_entry(hlo, shapes)
   assert "while" in hlo and not in_loop, in_loop
 
 
@@ -240,29 +204,19 @@ def test_decode_attention_reads_each_layer_slice_as_stored(variant, window, fami
   transpose-copy every layer's K and V on every token, ~70% of an XS decode step on CPU; a layer
   scan copied each layer's weights and K/V slices; the one- and the two-slot (SPS) step alike)."""
   hlo, cache = _compiled_decode_loop(variant, window, family)
-  comps, entry = _computations(hlo)
-  fused = set().union(*(_called(lines, ("calls",)) for lines in comps.values()))
   k_l, v_l = cache.k.shape[1:], cache.v.shape[1:]
-  big = []
-  for name, lines in comps.items():
-    if name == entry or name in fused:
-      continue  # the entry runs once; a fused computation's values are not materialised
-    for line in lines:
-      kind, op = _made(line)
-      dims = [int(d) for d in kind[4:-1].split(",") if d] if kind and kind.startswith("f32[") else []
-      if op not in (None, "parameter", "get-tuple-element") and len(dims) >= 4 and np.prod(dims) >= np.prod(k_l):
-        big.append(kind)
-  assert set(big) <= {_shape(k_l), _shape(v_l)}, sorted(set(big))
+  big = hlo_text.large_values_in_loops(hlo, int(np.prod(k_l)))
+  assert set(big) <= {hlo_text.shape(k_l), hlo_text.shape(v_l)}, sorted(set(big))
   n_layers = cache.k.shape[0]
-  assert big.count(_shape(k_l)) == big.count(_shape(v_l)) == n_layers, big  # one update per layer each
+  assert big.count(hlo_text.shape(k_l)) == big.count(hlo_text.shape(v_l)) == n_layers, big  # one update per layer each
 
 
 def test_sps_decode_step_computes_the_head_for_the_read_out_slot_only():
   """A decoded SPS token is two slots (x, ρ) through the trunk, but only ρ's logits are read: the
   compiled decode loop has one vocabulary-wide product, over the B rows (not B x 2 slots)."""
   hlo, _ = _compiled_decode_loop("sps", 3, "sps")
-  comps, _ = _computations(hlo)
-  made = [_made(line) for lines in comps.values() for line in lines]
+  comps, _ = hlo_text.computations(hlo)
+  made = [hlo_text.made(line) for lines in comps.values() for line in lines]
   heads = [kind for kind, op in made if op == "dot" and kind.endswith(",264]")]  # over the test model's vocabulary
   assert heads == ["f32[2,264]"], heads
 
@@ -271,16 +225,16 @@ def test_greedy_decoding_draws_no_random_bits():
   """`sample` draws its Gumbel noise (B x V random bits a token) in a `lax.cond` branch taken only
   when temperature > 0: outside the conditionals' branches no computation makes [B, V] bits."""
   hlo, _ = _compiled_decode_loop()
-  comps, _ = _computations(hlo)
-  branches = set().union(*(_called(lines, ("branch_computations",)) for lines in comps.values()))
+  comps, _ = hlo_text.computations(hlo)
+  branches = set().union(*(hlo_text.called(lines, ("branch_computations",)) for lines in comps.values()))
   reach, todo = set(), list(branches)
   while todo:  # every computation a branch runs (its loops, fusions, ...)
     name = todo.pop()
     if name not in reach:
       reach.add(name)
-      todo.extend(_called(comps.get(name, [])))
+      todo.extend(hlo_text.called(comps.get(name, [])))
   bits = "u32[2,264]"  # rows x vocabulary (the test model's)
-  made = lambda lines: any(_made(line)[0] == bits and _made(line)[1] not in ("parameter", "get-tuple-element")
+  made = lambda lines: any(hlo_text.made(line)[0] == bits and hlo_text.made(line)[1] not in ("parameter", "get-tuple-element")
                            for line in lines)
   assert any(made(comps[n]) for n in reach)  # the sampling branch makes them
   outside = [n for n, lines in comps.items() if n not in reach and made(lines)]

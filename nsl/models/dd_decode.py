@@ -46,6 +46,7 @@ def prefill(model: DoubleDecoder, params, prompt_BP, new_tokens: int):
   b, p = prompt_BP.shape
   ctx = prompt_BP[:, :p - 1]
   cross_k, cross_v = model.apply({"params": params}, ctx, jnp.ones_like(ctx), method="cross_cache")
+  cross_k, cross_v = jax.vmap(kv_cache.head_major)(cross_k, cross_v)  # [Lg, B, H, Dh, Nc], [Lg, B, H, Nc, Dh]
   self_cache = kv_cache.KVCache.create(dataclasses.replace(model.dims, n_layers=model.gen_layers), b, new_tokens)
   start = jnp.int32(p - 1)
   logits, self_cache = model.apply({"params": params}, prompt_BP[:, p - 1], start, cross_k, cross_v, start,
@@ -55,24 +56,29 @@ def prefill(model: DoubleDecoder, params, prompt_BP, new_tokens: int):
 
 @functools.partial(jax.jit, static_argnums=(0, 4, 5))
 def decode_loop(model: DoubleDecoder, params, cache, logits_BV, steps: int, temperature: float, rng):
-  """Samples `steps` tokens from the prefill's logits onwards; returns (tokens, logits, cache)."""
+  """Samples `steps` tokens from the prefill's logits onwards; returns (tokens, logits, cache).
+  The token loop reads each generation layer's cross and self K/V as separate buffers (split once
+  before the loop, as `nsl.decode.decode_loop` does: XLA:CPU copies a slice of a stacked array
+  before every matmul that reads it)."""
   rngs = jax.random.split(rng, steps)
   first = decode.sample(logits_BV, rngs[0], temperature)
-  n_cross = cache["cross_k"].shape[2]
+  n_cross = cache["cross_v"].shape[-2]
+  split = lambda a: tuple(a[i] for i in range(a.shape[0]))
+  cross_k, cross_v = split(cache["cross_k"]), split(cache["cross_v"])
 
   def body(carry, xs):
     self_cache, token = carry
     index, key = xs
-    logits, self_cache = model.apply({"params": params}, token, index, cache["cross_k"], cache["cross_v"], n_cross,
+    logits, self_cache = model.apply({"params": params}, token, index, cross_k, cross_v, n_cross,
                                      self_cache, cache["start"], method="gen_step")
     nxt = decode.sample(logits, key, temperature)
     return (self_cache, nxt), (nxt, logits)
 
   idx = cache["start"] + 1 + jnp.arange(steps - 1, dtype=jnp.int32)
-  (self_cache, _), (toks, lg) = jax.lax.scan(body, (cache["self"], first), (idx, rngs[1:]))
+  (self_cache, _), (toks, lg) = jax.lax.scan(body, (cache["self"].per_layer(), first), (idx, rngs[1:]))
   tokens = jnp.concatenate([first[:, None], toks.T], axis=1)
   logits = jnp.concatenate([logits_BV[:, None], jnp.swapaxes(lg, 0, 1)], axis=1)
-  return tokens, logits, dict(cache, self=self_cache)
+  return tokens, logits, dict(cache, self=self_cache.stacked())
 
 
 def generate(family, params, prompt_BP, new_tokens: int, *, temperature: float = 0.0, rng=None,
@@ -135,7 +141,7 @@ def cache_bytes(cache: dict[str, Any]) -> dict[str, int]:
 
 
 def _time(fn, repeats: int) -> float:
-  jax.block_until_ready(fn())  # compile + warm up
+  """Best of `repeats` calls of an already compiled `fn`."""
   best = float("inf")
   for _ in range(repeats):
     t0 = time.perf_counter()
@@ -147,7 +153,8 @@ def _time(fn, repeats: int) -> float:
 def compare(dd_config, decoder_only_config, *, batch: int = 4, prompt_len: int = 256, new_tokens: int = 64,
             repeats: int = 3, seed: int = 0) -> list[dict]:
   """KV-cache bytes and decode tokens/s, double decoder vs decoder-only (random weights; the
-  figures depend on shapes only), measured side by side. One dict per model plus a ratio row."""
+  figures depend on shapes only), measured side by side, and each model's first call (prefill +
+  decode, compiles included). One dict per model plus a ratio row."""
   from nsl.models import registry
 
   rng = np.random.default_rng(seed)
@@ -157,8 +164,11 @@ def compare(dd_config, decoder_only_config, *, batch: int = 4, prompt_len: int =
     params = nn.unbox(family.init(jax.random.PRNGKey(seed)))
     prompt = jnp.asarray(rng.integers(1, min(config.model.vocab_size, 50000), (batch, prompt_len)), jnp.int32)
     key = jax.random.PRNGKey(seed)
+    t0 = time.perf_counter()  # the first call: prefill + decode, compiles included
     if name == "double_decoder":
       logits, cache = prefill(family.model, params, prompt, new_tokens)
+      jax.block_until_ready(decode_loop(family.model, params, cache, logits, new_tokens, 0.0, key))
+      first_call = time.perf_counter() - t0
       t_prefill = _time(lambda: prefill(family.model, params, prompt, new_tokens), repeats)
       t_decode = _time(lambda: decode_loop(family.model, params, cache, logits, new_tokens, 0.0, key), repeats)
       nbytes = cache_bytes(cache)
@@ -168,6 +178,9 @@ def compare(dd_config, decoder_only_config, *, batch: int = 4, prompt_len: int =
       dims, plan = family.dims, family.slot_plan()
       total = prompt_len + new_tokens
       logits, cache = decode.prefill_jit(dims, plan, params, prompt, total)
+      jax.block_until_ready(decode.decode_loop(dims, plan, params, cache, logits, new_tokens, 0.0,
+                                               jnp.int32(prompt_len), key))
+      first_call = time.perf_counter() - t0
       t_prefill = _time(lambda: decode.prefill_jit(dims, plan, params, prompt, total), repeats)
       t_decode = _time(lambda: decode.decode_loop(dims, plan, params, cache, logits, new_tokens, 0.0,
                                                      jnp.int32(prompt_len), key), repeats)
@@ -178,7 +191,7 @@ def compare(dd_config, decoder_only_config, *, batch: int = 4, prompt_len: int =
     rows.append({"model": name, "params_total": counts["params_total"], "layers_cached": int(layers_cached),
                  "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens,
                  "kv_cache_bytes": int(kv), "kv_bytes_per_token": kv / (batch * slots),
-                 "prefill_s": t_prefill, "decode_s": t_decode,
+                 "first_call_s": first_call, "prefill_s": t_prefill, "decode_s": t_decode,
                  "decode_tokens_per_s": batch * new_tokens / t_decode, "backend": jax.default_backend()})
   dd, do = rows
   rows.append({"model": "ratio_dd_over_decoder_only",

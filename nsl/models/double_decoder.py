@@ -40,7 +40,7 @@ import numpy as np
 
 from nsl import attention, masks
 from nsl.errors import ConfigError, NslError
-from nsl.models import layers
+from nsl.models import kv_cache, layers
 from nsl.models.family import Family, train_flops_per_token
 
 CONTEXT_RULE = masks.Rule(causal=True, same_segment=True)
@@ -216,26 +216,30 @@ class DoubleDecoder(nn.Module):
   def gen_step(self, token_B, index, cross_k, cross_v, cross_len, self_cache, block_start):
     """One generation-decoder step for the token at position `index` (all rows in step).
 
-    cross_k/v [Lg, B, Nc, H, Dh]: context latents' K/V at positions 0..Nc-1 (only < cross_len are
-    earlier-block keys); `self_cache`: the current block's K/V in the shared `kv_cache.KVCache`
-    (Lg layers), entry j = position block_start + j (later entries are unwritten or stale and
-    masked). Returns (logits [B, V], self_cache with this token's K/V written).
+    cross_k/v, per generation layer (a stacked array or a tuple of per-layer ones), head-major as
+    the cache: K [B, H, Dh, Nc], V [B, H, Nc, Dh] (`kv_cache.head_major`), the context latents'
+    K/V at positions 0..Nc-1 (only < cross_len are earlier-block keys); `self_cache`: the current
+    block's K/V in the shared `kv_cache.KVCache` (Lg layers), entry j = position block_start + j
+    (later entries are unwritten or stale and masked). Returns (logits [B, V], self_cache with
+    this token's K/V written).
     """
     x = self._embed(token_B[:, None])  # [B, 1, D]
     pos_q = jnp.reshape(index, (1,)).astype(jnp.int32)
-    nc = cross_k.shape[2]
+    nc = cross_v[0].shape[-2]
     rel = pos_q - block_start  # the token's slot in the block's cache
     step = self_cache.step(rel, rel, jnp.full((1,), masks.PERSISTENT, jnp.int32), jnp.ones((x.shape[0], 1), jnp.int32))
     q_f = {"pos": pos_q, "tok": pos_q, "block": jnp.ones((1,), jnp.int32)}
     c_pos = jnp.arange(nc, dtype=jnp.int32)
     c_f = {"pos": c_pos, "tok": c_pos, "block": jnp.where(c_pos < cross_len, 0, 1)}
+    vis_c = masks.visible(CROSS_RULE, {n: a[:, None] for n, a in q_f.items()}, {n: a[None] for n, a in c_f.items()})
+    vis_c = jnp.broadcast_to(vis_c, (x.shape[0], 1, 1, nc))
     for i, layer in enumerate(self.gen):
       h = layer.attn_norm(x)
       q = layer.combo.attn.project_q(h, pos_q)
       k, v = layer.combo.attn.project_kv(h, pos_q)
       o_s, lse_s = self_cache.attend(q, k, v, SELF_RULE, step, i, return_lse=True)  # one block: no block field
-      self_cache = self_cache.write_kv(i, k, v, step)
-      o_c, lse_c = attention.attend_dense(q, cross_k[i], cross_v[i], CROSS_RULE, q_f, c_f)
+      self_cache = self_cache.write_kv(i, k, v, step, after=o_s)
+      o_c, lse_c = kv_cache.attend_parts(q, [(cross_k[i], cross_v[i], vis_c, True)], return_lse=True)
       o, _ = attention.merge_lse(o_s, lse_s, o_c, lse_c)
       x = x + layer.combo.attn.output(o)
       x = x + layer.mlp(layer.mlp_norm(x))

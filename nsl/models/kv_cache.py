@@ -37,7 +37,9 @@ ms on static slices of the stacked ones).
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 
 import flax.struct
 import jax
@@ -47,6 +49,39 @@ import numpy as np
 from nsl import masks
 
 EMPTY = -1  # segment of an unwritten entry: equal to no query's document id (those are >= 0)
+
+
+def attend_parts(q, parts, return_lse: bool = False):
+  """One softmax of queries q [B, Q, H, Dh] over the union of key parts, each scored and weighted
+  apart (no concatenation): `parts` = [(k, v, visible [B, 1|H, Q, K], head_major)], K/V either
+  head-major (K [B, H, Dh, K], V [B, H, K, Dh], a cache's layout) or token-major ([B, K, H, Dh],
+  a step's own keys). -> out [B, Q, H, Dh] (q's dtype), with `return_lse` also the log-sum-exp
+  [B, H, Q] (-inf where nothing is visible; `attention.merge_lse` merges it with another part)."""
+  f32 = jnp.float32
+  scale = 1.0 / math.sqrt(q.shape[-1])
+  scores = []
+  for k, _, vis, head_major in parts:
+    s = jnp.einsum("bqhd,bhdk->bhqk" if head_major else "bqhd,bkhd->bhqk", q, k.astype(q.dtype),
+                   preferred_element_type=f32) * scale
+    scores.append(jnp.where(vis, s, -jnp.inf))
+  m = functools.reduce(jnp.maximum, [jnp.max(s, axis=-1, keepdims=True) for s in scores])
+  m_safe = jnp.where(jnp.isneginf(m), 0.0, m)
+  probs = [jnp.exp(s - m_safe) for s in scores]
+  l = functools.reduce(operator.add, [jnp.sum(p, axis=-1, keepdims=True) for p in probs])
+  inv = 1.0 / jnp.where(l == 0, 1.0, l)
+  out_BHQD = functools.reduce(operator.add, [
+      jnp.einsum("bhqk,bhkd->bhqd" if head_major else "bhqk,bkhd->bhqd", p * inv, v.astype(f32))
+      for p, (_, v, _, head_major) in zip(probs, parts)])
+  out = jnp.swapaxes(out_BHQD, 1, 2).astype(q.dtype)
+  if not return_lse:
+    return out
+  l = l[..., 0]
+  return out, jnp.where(l == 0, -jnp.inf, m_safe[..., 0] + jnp.log(jnp.where(l == 0, 1.0, l)))
+
+
+def head_major(k_BSHD, v_BSHD):
+  """K [B, H, Dh, S] and V [B, H, S, Dh] (the cache's layout) of token-major K/V [B, S, H, Dh]."""
+  return jnp.transpose(k_BSHD, (0, 2, 3, 1)), jnp.swapaxes(v_BSHD, 1, 2)
 
 
 @flax.struct.dataclass
@@ -151,7 +186,6 @@ class KVCache:
     here); with `return_lse` also the log-sum-exp [B, H, Sq] (to merge with another attention,
     `merge_lse`). `attention.attend_dense`'s softmax over cache + new keys, with the two parts
     scored and weighted separately: no cache-sized concatenation (module docstring)."""
-    f32 = jnp.float32
     stale = self.tok[None, :] >= jnp.min(step.tok)
     cached = {"pos": self.pos, "tok": self.tok, "kind": self.kind, "segment": jnp.where(stale, EMPTY, self.segment)}
     q_meta = {n: a[..., :, None] for n, a in step.fields().items()}
@@ -160,23 +194,9 @@ class KVCache:
       mask = masks.visible(rule, q_meta, {n: a[..., None, :] for n, a in k_fields.items()})
       return jnp.broadcast_to(mask, (q.shape[0], q.shape[1], num_keys))[:, None]
 
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    s_c = jnp.einsum("bqhd,bhdk->bhqk", q, self.k[layer].astype(q.dtype), preferred_element_type=f32) * scale
-    s_n = jnp.einsum("bqhd,bkhd->bhqk", q, k_new.astype(q.dtype), preferred_element_type=f32) * scale
-    s_c = jnp.where(visible(cached, self.size), s_c, -jnp.inf)
-    s_n = jnp.where(visible(step.fields(), k_new.shape[1]), s_n, -jnp.inf)
-    m = jnp.maximum(jnp.max(s_c, axis=-1, keepdims=True), jnp.max(s_n, axis=-1, keepdims=True))
-    m_safe = jnp.where(jnp.isneginf(m), 0.0, m)
-    p_c, p_n = jnp.exp(s_c - m_safe), jnp.exp(s_n - m_safe)
-    l = jnp.sum(p_c, axis=-1, keepdims=True) + jnp.sum(p_n, axis=-1, keepdims=True)
-    inv = 1.0 / jnp.where(l == 0, 1.0, l)
-    out_BHQD = (jnp.einsum("bhqk,bhkd->bhqd", p_c * inv, self.v[layer].astype(f32))
-                + jnp.einsum("bhqk,bkhd->bhqd", p_n * inv, v_new.astype(f32)))
-    out = jnp.swapaxes(out_BHQD, 1, 2).astype(q.dtype)
-    if not return_lse:
-      return out
-    l = l[..., 0]
-    return out, jnp.where(l == 0, -jnp.inf, m_safe[..., 0] + jnp.log(jnp.where(l == 0, 1.0, l)))
+    parts = [(self.k[layer], self.v[layer], visible(cached, self.size), True),
+             (k_new, v_new, visible(step.fields(), k_new.shape[1]), False)]
+    return attend_parts(q, parts, return_lse)
 
   def write_kv(self, layer, k_new, v_new, step: Step, after=None) -> "KVCache":
     """Writes one layer's new K/V [B, S, H, Dh] at `step.write` (indices out of range dropped).

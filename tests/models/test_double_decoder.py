@@ -11,6 +11,7 @@ from nsl import attention, masks
 from nsl.models import dd_decode, layers, registry
 from nsl.models import double_decoder as dd
 from nsl.train import loop
+from tests import hlo as hlo_text
 from tests.helpers import make_corpus, tiny_config
 
 T = 48
@@ -169,7 +170,29 @@ def test_cached_generation_equals_full_recomputation(family_params):
   np.testing.assert_array_equal(toks3, ref3)
   np.testing.assert_allclose(logits3, ref_logits3, rtol=1e-4, atol=1e-4)
   _, cache = dd_decode.prefill(family.model, params, prompt, 8)
-  assert cache["cross_k"].shape[:3] == (1, 2, 8)  # one generation layer, P-1 context positions
+  dims = family.dims  # one generation layer, P-1 context positions, head-major like the self cache
+  assert cache["cross_k"].shape == (1, 2, dims.n_heads, dims.head_dim, 8)
+  assert cache["cross_v"].shape == (1, 2, dims.n_heads, 8, dims.head_dim)
+
+
+def test_decode_loop_reads_cross_and_self_kv_in_place(family_params):
+  """The compiled token loop reads every generation layer's cross K/V and self K/V as separate
+  head-major buffers: no copy of either inside the loop, and the only values there as large as a
+  layer's self K or V are its one in-place update per layer (with the cross K/V token-major and
+  sliced out of a stacked array, XLA transposed and copied them on every token: dd decode at
+  d 576 ran at 1.2x decoder-only, now 2.1x)."""
+  family, params = family_params
+  prompt = jnp.asarray(np.random.default_rng(1).integers(1, 256, (2, 9)), jnp.int32)
+  logits, cache = dd_decode.prefill(family.model, params, prompt, 8)
+  hlo = dd_decode.decode_loop.lower(family.model, params, cache, logits, 8, 0.0,
+                                    jax.random.PRNGKey(0)).compile().as_text()
+  ck, cv, sk, sv = (a.shape[1:] for a in (cache["cross_k"], cache["cross_v"], cache["self"].k, cache["self"].v))
+  shapes = {hlo_text.shape(a) for a in (ck, cv, sk, sv)}
+  assert "while" in hlo and not hlo_text.copies_outside_entry(hlo, shapes)
+  big = hlo_text.large_values_in_loops(hlo, min(int(np.prod(sk)), int(np.prod(ck))))
+  assert set(big) <= {hlo_text.shape(sk), hlo_text.shape(sv)}, sorted(set(big))
+  layers_ = family.model.gen_layers
+  assert big.count(hlo_text.shape(sk)) == big.count(hlo_text.shape(sv)) == layers_, big
 
 
 def test_flops_count_visible_pairs(family_params):
