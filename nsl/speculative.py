@@ -175,15 +175,18 @@ def measure(family, params, prompts, new_tokens: int, draft_len: int | None = No
             temperature: float = 0.0, seed: int = 0) -> dict[str, dict[str, float]]:
   """Plain vs self-speculative decoding over `prompts` (a list of 1-D token arrays of one
   length; another length recompiles inside the timing), plain and speculative alternating prompt
-  by prompt, after a warm-up that compiles both. Returns {'plain': {...}, 'speculative': {...},
+  by prompt, after a first call of each (compiles included: `first_call_s`). Returns {'plain': {...}, 'speculative': {...},
   'setup': {...}}: tokens/s for each; for speculative also the mean tokens per draft round
   (accepted drafts + 1, the paper's "accepted tokens per draft"), the mean accepted drafts, and
   the speed-up; `greedy_match` when temperature is 0 (outputs identical to plain decoding); for
   plain the mean fraction of distinct tokens per output (low: repetitive text, drafted easily)."""
   dec = Decoder(family, params, draft_len=draft_len, temperature=temperature)
   rng = jax.random.PRNGKey(seed)
-  dec.generate(prompts[0], new_tokens, rng)  # compile (cache shapes depend on the lengths)
-  dec.generate_speculative(prompts[0], new_tokens, rng)
+  first = []  # first calls, compiles included (cache shapes depend on the lengths)
+  for gen in (dec.generate, dec.generate_speculative):
+    t0 = time.perf_counter()
+    gen(prompts[0], new_tokens, rng)
+    first.append(time.perf_counter() - t0)
   # Alternate plain and speculative per prompt so load drift on a shared machine hits both alike.
   plain_out, spec, t_plain, t_spec = [], [], 0.0, 0.0
   for i, p in enumerate(prompts):
@@ -196,9 +199,9 @@ def measure(family, params, prompts, new_tokens: int, draft_len: int | None = No
   total = new_tokens * len(prompts)
   # Degenerate loops (an undertrained model's greedy text) are easy to draft: say how varied the output was.
   distinct = float(np.mean([len(set(np.asarray(o).tolist())) / len(o) for o in plain_out]))
-  plain = {"tokens_per_s": total / t_plain, "seconds": t_plain, "trunk_calls_per_token": 1.0,
+  plain = {"tokens_per_s": total / t_plain, "seconds": t_plain, "first_call_s": first[0], "trunk_calls_per_token": 1.0,
            "distinct_token_fraction": distinct}
-  specd = {"tokens_per_s": total / t_spec, "seconds": t_spec,
+  specd = {"tokens_per_s": total / t_spec, "seconds": t_spec, "first_call_s": first[1],
            "mean_tokens_per_draft": float(np.mean(acc + 1)), "mean_accepted_drafts": float(np.mean(acc)),
            "acceptance_rate": float(np.mean(acc) / dec.k), "rounds": int(acc.size),
            "speedup": t_plain / t_spec}

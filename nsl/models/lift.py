@@ -68,6 +68,7 @@ inference (own states for lift and lift_rnn, b for lift_no_states; the paper's m
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import flax.linen as nn
@@ -96,6 +97,19 @@ def state_from_logits(logits_V, top_k: int, temperature: float):
   vals, idx = jax.lax.top_k(logits_V, k)
   probs = jax.nn.softmax(vals / temperature, axis=-1)
   return scatter_topk(idx, probs, logits_V.shape[-1])
+
+
+def state_embedding(logits_BV, top_k: int, temperature: float, embedding_VD):
+  """s·E for the state s = `state_from_logits(logits, top_k, temperature)` [B, V] of each row:
+  with k < V the sum of the k kept rows of E weighted by their probabilities (a gather of k rows;
+  the dense s @ E reads all of E, 103 MB at V = 50,304 and d = 512, once more per decoded token)."""
+  logits_BV = logits_BV.astype(jnp.float32)
+  emb = jnp.asarray(embedding_VD, jnp.float32)  # a loaded teacher's parameters may be numpy arrays
+  k = min(int(top_k), logits_BV.shape[-1])
+  if k == logits_BV.shape[-1]:
+    return jax.nn.softmax(logits_BV / temperature, axis=-1) @ emb
+  vals, idx = jax.lax.top_k(logits_BV, k)
+  return jnp.einsum("bk,bkd->bd", jax.nn.softmax(vals / temperature, axis=-1), jnp.take(emb, idx, axis=0))
 
 
 def scatter_topk(idx_K, val_K, vocab_size: int):
@@ -274,15 +288,16 @@ def _cached_step(dims: layers.Dims, model: LiftLM, params, cache, tok_B, fed_BD,
 def _own_state_scan(dims, spec, model, params, tokens_BT, choose_token=None, feed: str = "own", segment_BT=None):
   """Sequential decode: position t is fed the state of the logits at t-1 (own) or b (bias); the
   first position of every document (a change of `segment_BT`, default one document per row) is
-  fed the learned initial state (own) or b and sees only its own document's cache."""
-  B, T = tokens_BT.shape
-  cache = kv_cache.KVCache.create(dims, B, T)
-  seg = jnp.ones((B, T), jnp.int32) if segment_BT is None else jnp.asarray(segment_BT, jnp.int32)
-  p = params
-  d = dims.d_model
+  fed the learned initial state (own) or b and sees only its own document's cache. The token
+  loop runs the layers unrolled on per-layer weights and K/V (`KVCache.per_layer`,
+  `decode.token_loop_params`), like `nsl.decode.decode_loop`."""
+  from nsl import decode
 
-  def se_of(probs_BV):
-    return jnp.einsum("bv,vd->bd", probs_BV, p["embed"]["embedding"].astype(jnp.float32))
+  B, T = tokens_BT.shape
+  cache = kv_cache.KVCache.create(dims, B, T).per_layer()
+  seg = jnp.ones((B, T), jnp.int32) if segment_BT is None else jnp.asarray(segment_BT, jnp.int32)
+  p = decode.token_loop_params(dims, params)
+  d = dims.d_model
 
   if spec.has_channel:
     first = jnp.broadcast_to((p["init_state"] if feed == "own" else p["state_bias"]).astype(jnp.float32), (B, d))
@@ -297,12 +312,23 @@ def _own_state_scan(dims, spec, model, params, tokens_BT, choose_token=None, fee
     fed = jnp.where(((t == 0) | (seg_t != seg_prev))[:, None], first, fed)
     logits, cache = _cached_step(dims, model, p, cache, tok, fed if spec.has_channel else None, t, seg)
     if spec.has_channel:
-      fed = (se_of(state_from_logits(logits, spec.top_k, spec.temperature)) if feed == "own"
+      fed = (state_embedding(logits, spec.top_k, spec.temperature, p["embed"]["embedding"]) if feed == "own"
              else jnp.broadcast_to(p["state_bias"].astype(jnp.float32), (B, d)))
     return (cache, fed, jnp.argmax(logits, -1).astype(tokens_BT.dtype)), (logits, tok)
 
   _, (logits_TBV, toks_TB) = jax.lax.scan(body, (cache, first, tokens_BT[:, 0]), jnp.arange(T))
   return jnp.swapaxes(logits_TBV, 0, 1), jnp.swapaxes(toks_TB, 0, 1)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 5, 6))
+def _generate(dims, spec, model, params, prompt_BP, new_tokens: int, feed: str = "own"):
+  """`LiftFamily.generate`, one compiled program per shape: the prompt's tokens are fed in order,
+  then each argmax token, with the run's inference feed (own states, or b for lift_no_states)."""
+  B, P = prompt_BP.shape
+  padded = jnp.concatenate([prompt_BP, jnp.zeros((B, new_tokens), prompt_BP.dtype)], axis=1)
+  choose = lambda t, prev: jnp.where(t < P, padded[:, t], prev)
+  logits, toks = _own_state_scan(dims, spec, model, params, padded, choose_token=choose, feed=feed)
+  return toks[:, P:], logits[:, P - 1:-1]
 
 
 # -- the family ---------------------------------------------------------------------------------
@@ -551,18 +577,16 @@ class LiftFamily(Family):
   def generate(self, params, prompt_BP, new_tokens: int, *, temperature: float = 0.0, rng=None):
     """Greedy decoding with own-state feedback (the inference rule, REFERENCES §3): the
     prompt's tokens are fed in order (its states are the model's own too), then each argmax
-    token, through the cached trunk. -> (tokens [B, new_tokens], logits [B, new_tokens, V]),
-    logits[:, k] those token k is the argmax of. Greedy only: `temperature` > 0 is a ConfigError."""
+    token, through the cached trunk; lift_no_states is fed b instead (`inference_feed`).
+    -> (tokens [B, new_tokens], logits [B, new_tokens, V]), logits[:, k] those token k is the
+    argmax of. Greedy only: `temperature` > 0 is a ConfigError."""
     if temperature:
       raise ConfigError(f"LIFT's own-state feedback decode is greedy only; got temperature={temperature}, use 0")
     if new_tokens < 1:
       raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
-    prompt_BP = jnp.asarray(prompt_BP, jnp.int32)
-    B, P = prompt_BP.shape
-    padded = jnp.concatenate([prompt_BP, jnp.zeros((B, new_tokens), prompt_BP.dtype)], axis=1)
-    choose = lambda t, prev: jnp.where(t < P, padded[:, t], prev)
-    logits, toks = _own_state_scan(self.dims, self.spec, self.model, params, padded, choose_token=choose)
-    return toks[:, P:], logits[:, P - 1:-1]
+    feed = "bias" if self.inference_feed == "bias" else "own"  # distill: no channel, feed unused
+    return _generate(self.dims, self.spec, self.model, params, jnp.asarray(prompt_BP, jnp.int32), int(new_tokens),
+                     feed)
 
   def flops_per_token(self) -> float:
     """6 × (parameters + V·d for s·E when the channel is on) + visible attention; the teacher's
