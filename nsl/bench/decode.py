@@ -35,7 +35,9 @@ greedy text of a small model loops, and loops draft easily: every line carries t
 outputs' `distinct_token_fraction`). A `lift` config times LIFT's own-state feedback decode, its
 variant and `lift_no_states` side by side (every prompt token is a sequential step there: the
 state fed to a position comes from the previous position's logits). Every family's lines carry
-`first_call_s`, the first prefill + decode with its compiles.
+`first_call_s`, the first prefill + decode with its compiles. Other configs (sed: no
+left-to-right decoder; mtp and nextlat's gpt variant: the standard trunk, time a standard config)
+are a one-line error, exit status 2.
 """
 
 from __future__ import annotations
@@ -197,6 +199,11 @@ def main(argv=None) -> int:
   base = nsl_config.load_config(args.config, overrides)
   if base.family in OTHER_FAMILIES:
     return OTHER_FAMILIES[base.family](base, args)
+  if base.family not in ("standard", "sps"):
+    why = {"sed": "SED is a span-corruption encoder-decoder, with no left-to-right decoder",
+           "mtp": "MTP decodes with the standard trunk: time a standard config of its sizes"}.get(base.family, "")
+    raise ConfigError(f"nsl.bench.decode times standard / sps (the SPS variants side by side), double_decoder, "
+                      f"nextlat and lift configs, not config.family={base.family!r}" + (f" ({why})" if why else ""))
   setup = {"config": args.config, "platform": jax.default_backend(), "device": jax.devices()[0].device_kind,
            "jax": jax.__version__, "d_model": base.model.d_model, "n_layers": base.model.n_layers,
            "n_heads": base.model.n_heads, "vocab_size": base.model.vocab_size,
@@ -265,10 +272,16 @@ def _nextlat(base, args) -> int:
     weights = args.workdir
   else:
     family = registry.get_family(base)
-    params = nn.unbox(family.init(jax.random.PRNGKey(base.seed)))
+    params = None
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, base.model.vocab_size, args.prompt_len).astype(np.int32) for _ in range(args.batch)]
     weights = "random (pass --workdir=RUN for a trained model: acceptance depends on the weights)"
+  if not family.drafts_with_dynamics:
+    raise ConfigError(f"nsl.bench.decode on a nextlat config compares plain and self-speculative decoding, which "
+                      f"needs a dynamics model; variant {family.config.model.variant!r} has none (its trunk decodes "
+                      "as a standard model: time a standard config of its sizes)")
+  if params is None:
+    params = nn.unbox(jax.jit(family.init)(jax.random.PRNGKey(base.seed)))
   for row in speculative_sweep(family, params, prompts, args.new_tokens, args.draft_lens, args.temperature):
     row["setup"] = dict(row["setup"], weights=weights, config=args.config)
     print(json.dumps(row), flush=True)

@@ -4,6 +4,8 @@ into its compile (per program) and the rest, and ratios against `standard` measu
 import json
 import os
 
+import pytest
+
 from nsl.bench import decode as bench_decode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -53,3 +55,12 @@ def test_double_decoder_rows_report_first_call(capsys):
   for r in (dd, do):
     assert r["first_call_s"] > r["decode_s"] > 0 and r["first_call_s"] > r["prefill_s"] > 0
   assert dd["layers_cached"] == 1 and do["layers_cached"] == 3
+
+
+@pytest.mark.parametrize("config,says", [("configs/dd.py:sed_tiny", "span-corruption encoder-decoder"),
+                                         ("configs/nextlat.py:mtp_tiny", "standard trunk"),
+                                         ("configs/nextlat.py:gpt_countdown", "needs a dynamics model")])
+def test_a_config_with_nothing_to_time_is_one_line_and_status_2(config, says, capsys):
+  assert bench_decode.main([f"--config={ROOT}/{config}", "--prompt_len=8", "--new_tokens=2"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("nsl: error:") and says in err[0], err
