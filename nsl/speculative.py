@@ -175,8 +175,8 @@ def measure(family, params, prompts, new_tokens: int, draft_len: int | None = No
             temperature: float = 0.0, seed: int = 0) -> dict[str, dict[str, float]]:
   """Plain vs self-speculative decoding over `prompts` (a list of 1-D token arrays of one
   length; another length recompiles inside the timing), plain and speculative alternating prompt
-  by prompt, after a first call of each (compiles included: `first_call_s`). Returns {'plain': {...}, 'speculative': {...},
-  'setup': {...}}: tokens/s for each; for speculative also the mean tokens per draft round
+  by prompt, after a first call of each (compiles included: `first_call_s`). Returns
+  {'plain': {...}, 'speculative': {...}, 'setup': {...}}: tokens/s for each; for speculative also the mean tokens per draft round
   (accepted drafts + 1, the paper's "accepted tokens per draft"), the mean accepted drafts, and
   the speed-up; `greedy_match` when temperature is 0 (outputs identical to plain decoding); for
   plain the mean fraction of distinct tokens per output (low: repetitive text, drafted easily)."""

@@ -234,8 +234,8 @@ def test_greedy_decoding_draws_no_random_bits():
       reach.add(name)
       todo.extend(hlo_text.called(comps.get(name, [])))
   bits = "u32[2,264]"  # rows x vocabulary (the test model's)
-  made = lambda lines: any(hlo_text.made(line)[0] == bits and hlo_text.made(line)[1] not in ("parameter", "get-tuple-element")
-                           for line in lines)
+  made = lambda lines: any(hlo_text.made(line)[0] == bits
+                           and hlo_text.made(line)[1] not in ("parameter", "get-tuple-element") for line in lines)
   assert any(made(comps[n]) for n in reach)  # the sampling branch makes them
   outside = [n for n, lines in comps.items() if n not in reach and made(lines)]
   assert branches and not outside, outside

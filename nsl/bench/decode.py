@@ -333,10 +333,11 @@ def _lift(base, args) -> int:
     params = jax.jit(lambda r, f=family: nn.unbox(f.init(r)))(jax.random.PRNGKey(config.seed))
     run = lambda f=family, p=params: f.generate(p, prompt, args.new_tokens)
     t0 = time.perf_counter()
-    feed = "bias" if family.inference_feed == "bias" else "own"
-    lift._generate.lower(family.dims, family.spec, family.model, params, prompt, args.new_tokens, feed).compile()
+    lift._generate.lower(family.dims, family.spec, family.model, params, prompt, args.new_tokens,
+                         family.decode_feed).compile()
     compile_s = time.perf_counter() - t0
-    entries.append({"variant": variant, "run": run, "compile": compile_s, "first": compile_s + _timed(run), "times": []})
+    entries.append({"variant": variant, "run": run, "compile": compile_s, "first": compile_s + _timed(run),
+                    "times": []})
   for _ in range(args.repeats):  # round-robin, so load drift hits both alike
     for e in entries:
       e["times"].append(_timed(e["run"]))
@@ -351,7 +352,8 @@ def _lift(base, args) -> int:
         "vs_lift_no_states": min(entries[-1]["times"]) / best,
         "setup": {"config": args.config, "platform": jax.default_backend(), "d_model": base.model.d_model,
                   "n_layers": base.model.n_layers, "vocab_size": base.model.vocab_size, "repeats": args.repeats,
-                  "timing": "one compiled program per call; every prompt token is a sequential step (own-state feedback)"},
+                  "timing": "one compiled program per call; every prompt token is a sequential step "
+                            "(own-state feedback)"},
     }), flush=True)
   return 0
 

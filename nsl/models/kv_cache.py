@@ -214,9 +214,9 @@ class KVCache:
       if after is not None:
         zero = 0.0 * after.astype(k_new.dtype)
         k_new, v_new = k_new + zero, v_new + zero
-      k_l = self.k[layer].at[..., step.write].set(jnp.transpose(k_new, (0, 2, 3, 1)).astype(self.k[layer].dtype),
-                                                  mode="drop")
-      v_l = self.v[layer].at[:, :, step.write].set(jnp.swapaxes(v_new, 1, 2).astype(self.v[layer].dtype), mode="drop")
+      k_t, v_t = head_major(k_new, v_new)
+      k_l = self.k[layer].at[..., step.write].set(k_t.astype(self.k[layer].dtype), mode="drop")
+      v_l = self.v[layer].at[:, :, step.write].set(v_t.astype(self.v[layer].dtype), mode="drop")
       put = lambda t, a: t[:layer] + (a,) + t[layer + 1:]
       return self.replace(k=put(self.k, k_l), v=put(self.v, v_l))
     # k [L, B, H, Dh, S]: layer and slot indices are separated, so the update is [S, B, H, Dh]

@@ -520,6 +520,12 @@ class LiftFamily(Family):
     lift_no_states (the ablation is trained and used with the channel off); nothing for distill."""
     return {"lift_no_states": "bias", "distill": "none"}.get(self.spec.variant, "own")
 
+  @property
+  def decode_feed(self) -> str:
+    """`_own_state_scan`'s feed for `inference_feed`: 'bias' for lift_no_states, else 'own'
+    (distill has no channel, so its feed is unused)."""
+    return "bias" if self.inference_feed == "bias" else "own"
+
   def token_logits(self, params, batch, *, model=None, feed: str = "own"):
     """Next-token logits [B, T, V] aligned with `layers.next_token_targets(batch)`, packed rows
     document by document, under a state feed (EVAL_FEEDS):
@@ -584,9 +590,8 @@ class LiftFamily(Family):
       raise ConfigError(f"LIFT's own-state feedback decode is greedy only; got temperature={temperature}, use 0")
     if new_tokens < 1:
       raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
-    feed = "bias" if self.inference_feed == "bias" else "own"  # distill: no channel, feed unused
     return _generate(self.dims, self.spec, self.model, params, jnp.asarray(prompt_BP, jnp.int32), int(new_tokens),
-                     feed)
+                     self.decode_feed)
 
   def flops_per_token(self) -> float:
     """6 × (parameters + V·d for s·E when the channel is on) + visible attention; the teacher's
