@@ -107,20 +107,22 @@ def _logits(dims, params, h_BSD):
 
 
 def trunk(dims, rule: masks.Rule, params, x_BSD, cache: kv_cache.KVCache, step: kv_cache.Step, slots=None,
-          with_residual: bool = False):
+          with_residual: bool = False, outputs: tuple[int, ...] | None = None):
   """The shared trunk (`layers.Stack`, parameters `params['trunk']`) on the new slots `step`
   with the cache: -> (cache, final-normed hidden states [B, S, D]; with `with_residual` the pair
   (residual stream before the final norm, final-normed), for NextLat's `latent="residual"`). It
   runs scanned over the layers (one compiled layer body) whichever form the parameters are stored
   in, except on a `per_layer` cache: then unrolled, each layer reading its own weights and K/V
-  buffers in place (`token_loop_params` makes the weights' form once, before the token loop)."""
+  buffers in place (`token_loop_params` makes the weights' form once, before the token loop).
+  `outputs`: only these new slots' states are returned (`layers.Stack`)."""
   if cache.is_per_layer:
     d = dataclasses.replace(dims, scan_layers=False, remat="none")
     p = layers.unscanned_params(params["trunk"], dims.n_layers)
   else:
     d = dataclasses.replace(dims, scan_layers=True, remat="none")
     p = layers.scanned_params(params["trunk"], dims.n_layers)
-  return layers.Stack(d, rule).apply({"params": p}, x_BSD, slots, cache=cache, step=step, with_residual=with_residual)
+  return layers.Stack(d, rule).apply({"params": p}, x_BSD, slots, cache=cache, step=step, with_residual=with_residual,
+                                     outputs=outputs)
 
 
 def token_loop_params(dims, params):
@@ -180,8 +182,9 @@ def extend(dims, plan: SlotPlan, params, cache, tokens_BM, start, with_residual:
   kind = jnp.tile(jnp.asarray(plan.kinds, jnp.int32), m)
   x = _embed(dims, params, plan, tokens_BM).reshape(b, m * g, dims.d_model)  # logical order
   step = cache.step(pos, tok, kind, jnp.ones((b, m * g), jnp.int32))
-  cache, h = trunk(dims, plan.rule, params, x, cache, step, with_residual=with_residual)
-  return jax.tree.map(lambda a: a.reshape(b, m, g, dims.d_model)[:, :, plan.readout], h), cache
+  readout = None if g == 1 else tuple(t * g + plan.readout for t in range(m))  # only these reach the head
+  cache, h = trunk(dims, plan.rule, params, x, cache, step, with_residual=with_residual, outputs=readout)
+  return h, cache
 
 
 def decode_step(dims, plan: SlotPlan, params, cache, token_B, index):

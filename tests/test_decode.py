@@ -221,6 +221,21 @@ def test_sps_decode_step_computes_the_head_for_the_read_out_slot_only():
   assert heads == ["f32[2,264]"], heads
 
 
+def test_sps_decode_step_runs_the_last_layer_for_the_read_out_slot_only():
+  """Nothing reads the x slot's output of the last layer (only its K/V, written there), so the
+  compiled SPS step runs that layer's queries and MLP on the B read-out rows and every other
+  layer's on the B x 2 slots; each query scores the cached keys as its own product (a
+  matrix-vector product per query: XLA:CPU's two-row product was ~2x slower at XS)."""
+  hlo, cache = _compiled_decode_loop("sps", 3, "sps")
+  fam, _ = _family("sps", 3, init=False)
+  n, b, h, f = fam.dims.n_layers, cache.k.shape[1], fam.dims.n_heads, fam.dims.d_ff
+  comps, _ = hlo_text.computations(hlo)
+  dots = [hlo_text.made(line)[0] for lines in comps.values() for line in lines if hlo_text.made(line)[1] == "dot"]
+  mlp_in = sorted(kind for kind in dots if kind.startswith("f32[") and kind.endswith(f",{f}]"))
+  assert mlp_in == sorted([hlo_text.shape((b, f))] * 2 + [hlo_text.shape((2 * b, f))] * 2 * (n - 1)), mlp_in
+  assert dots.count(hlo_text.shape((b, h, 1, cache.size))) == 2 * n - 1, dots
+
+
 def test_greedy_decoding_draws_no_random_bits():
   """`sample` draws its Gumbel noise (B x V random bits a token) in a `lax.cond` branch taken only
   when temperature > 0: outside the conditionals' branches no computation makes [B, V] bits."""

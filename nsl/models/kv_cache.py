@@ -48,6 +48,10 @@ import numpy as np
 
 from nsl import masks
 
+# Up to this many queries per step score the cached keys one matrix-vector product each (Eigen's
+# GEMV): XLA:CPU hands a 2-row product to YNNPACK, which at XS took 1.4 ms a layer against 0.47 +
+# 0.18 ms for two GEMVs (the second finds the layer's K in L3). SPS steps have 2; a speculative round more.
+GEMV_QUERIES = 4
 EMPTY = -1  # segment of an unwritten entry: equal to no query's document id (those are >= 0)
 
 
@@ -61,8 +65,12 @@ def attend_parts(q, parts, return_lse: bool = False):
   scale = 1.0 / math.sqrt(q.shape[-1])
   scores = []
   for k, _, vis, head_major in parts:
-    s = jnp.einsum("bqhd,bhdk->bhqk" if head_major else "bqhd,bkhd->bhqk", q, k.astype(q.dtype),
-                   preferred_element_type=f32) * scale
+    if head_major and 1 < q.shape[1] <= GEMV_QUERIES:
+      s = jnp.stack([jnp.einsum("bhd,bhdk->bhk", q[:, i], k.astype(q.dtype), preferred_element_type=f32)
+                     for i in range(q.shape[1])], axis=2) * scale
+    else:
+      s = jnp.einsum("bqhd,bhdk->bhqk" if head_major else "bqhd,bkhd->bhqk", q, k.astype(q.dtype),
+                     preferred_element_type=f32) * scale
     scores.append(jnp.where(vis, s, -jnp.inf))
   m = functools.reduce(jnp.maximum, [jnp.max(s, axis=-1, keepdims=True) for s in scores])
   m_safe = jnp.where(jnp.isneginf(m), 0.0, m)
@@ -180,15 +188,17 @@ class KVCache:
     write = jnp.where(kind == masks.PERSISTENT, at_p, at_t)
     return Step(pos=pos, tok=tok, kind=kind, segment=jnp.asarray(segment, jnp.int32), write=write, prefill=prefill)
 
-  def attend(self, q, k_new, v_new, rule: masks.Rule, step: Step, layer, return_lse: bool = False):
+  def attend(self, q, k_new, v_new, rule: masks.Rule, step: Step, layer, return_lse: bool = False, queries=None):
     """Attention of the step's queries [B, Sq, H, Dh] over layer `layer`'s cached keys plus the
     step's own K/V [B, Sq, H, Dh], under `rule` on explicit per-slot fields (positions are dynamic
     here); with `return_lse` also the log-sum-exp [B, H, Sq] (to merge with another attention,
     `merge_lse`). `attention.attend_dense`'s softmax over cache + new keys, with the two parts
-    scored and weighted separately: no cache-sized concatenation (module docstring)."""
+    scored and weighted separately: no cache-sized concatenation (module docstring). `queries`:
+    q holds only these of the step's slots (static indices; `layers.Attention`)."""
     stale = self.tok[None, :] >= jnp.min(step.tok)
     cached = {"pos": self.pos, "tok": self.tok, "kind": self.kind, "segment": jnp.where(stale, EMPTY, self.segment)}
-    q_meta = {n: a[..., :, None] for n, a in step.fields().items()}
+    q_fields = step.fields() if queries is None else {n: a[..., np.asarray(queries)] for n, a in step.fields().items()}
+    q_meta = {n: a[..., :, None] for n, a in q_fields.items()}
 
     def visible(k_fields, num_keys):  # [B, 1, Sq, K]: one mask for every head
       mask = masks.visible(rule, q_meta, {n: a[..., None, :] for n, a in k_fields.items()})
@@ -211,8 +221,8 @@ class KVCache:
     if self.view:
       return self.replace(k_new=k_new.astype(self.k.dtype), v_new=v_new.astype(self.v.dtype))
     if self.is_per_layer:  # layer is a Python int here: replace that layer's buffer
-      if after is not None:
-        zero = 0.0 * after.astype(k_new.dtype)
+      if after is not None:  # `after` of only some slots (a last layer's `queries`): one row orders it as well
+        zero = 0.0 * (after if after.shape == k_new.shape else jnp.sum(after, 1, keepdims=True)).astype(k_new.dtype)
         k_new, v_new = k_new + zero, v_new + zero
       k_t, v_t = head_major(k_new, v_new)
       k_l = self.k[layer].at[..., step.write].set(k_t.astype(self.k[layer].dtype), mode="drop")
