@@ -236,6 +236,19 @@ def test_sps_decode_step_runs_the_last_layer_for_the_read_out_slot_only():
   assert dots.count(hlo_text.shape((b, h, 1, cache.size))) == 2 * n - 1, dots
 
 
+def test_decode_loop_writes_the_returned_logits_in_place():
+  """`decode_loop` returns every step's logits [B, steps, V]; the token loop writes them into that
+  buffer (a loop carry): the compiled program makes one such buffer before the loop and no
+  stacked [steps - 1, B, V] scan output to transpose-copy after it (206 MB at XS, 128 tokens)."""
+  hlo, cache = _compiled_decode_loop()
+  comps, entry = hlo_text.computations(hlo)
+  b, v = cache.k.shape[1], 264
+  made = [hlo_text.made(line) for lines in comps.values() for line in lines]
+  assert not [m for m in made if m[0] == hlo_text.shape((NEW - 1, b, v))], "a stacked logits output"
+  in_entry = [op for kind, op in map(hlo_text.made, comps[entry]) if kind == hlo_text.shape((b, NEW, v))]
+  assert len([op for op in in_entry if op not in ("get-tuple-element", "bitcast", "copy")]) == 1, in_entry
+
+
 def test_greedy_decoding_draws_no_random_bits():
   """`sample` draws its Gumbel noise (B x V random bits a token) in a `lax.cond` branch taken only
   when temperature > 0: outside the conditionals' branches no computation makes [B, V] bits."""
