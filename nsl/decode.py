@@ -221,26 +221,33 @@ def decode_loop(dims, plan, params, cache, logits_BV, steps: int, temperature, s
   logits [B, steps, V], final cache). The token loop is a `lax.scan` (one compiled step) whose
   step runs the layers unrolled on per-layer weights and K/V (`KVCache.per_layer`: an XS step
   on 2 cores 1.6-1.8x faster than reading slices of stacked arrays in a layer scan)."""
+  params = token_loop_params(dims, params)
+  step = lambda cache, token, index: decode_step(dims, plan, params, cache, token, index)
+  tokens, all_logits, cache = sample_loop(step, cache.per_layer(), logits_BV, steps, temperature, start, rng)
+  return tokens, all_logits, cache.stacked()
+
+
+def sample_loop(step, state, logits_BV, steps: int, temperature, start, rng):
+  """The token loop of the KV-cache decoders (`decode_loop`, `dd_decode.decode_loop`): token k is
+  drawn from logits k (`sample`) and, except the last, fed back at position `start + k` through
+  `step(state, token_B, index) -> (logits [B, V], state)`, one compiled `lax.scan` step. Returns (tokens [B, steps], logits
+  [B, steps, V], final state). The logits are a loop carry in their returned layout, written in
+  place per step: as the scan's stacked output [steps - 1, B, V] they were copied once more after
+  the loop, transposed (206 MB at XS and 128 tokens: ~1 ms a token)."""
   rngs = jax.random.split(rng, steps)
   first = sample(logits_BV, rngs[0], temperature)
-  params, cache = token_loop_params(dims, params), cache.per_layer()
-  # The logits are a loop carry in their returned layout [B, steps, V], written in place per
-  # step: as the scan's stacked output [steps - 1, B, V] they were copied once more at the end,
-  # transposed (206 MB at XS and 128 tokens: ~1 ms a token).
   all_logits = jnp.zeros((logits_BV.shape[0], steps, logits_BV.shape[-1]), logits_BV.dtype).at[:, 0].set(logits_BV)
 
   def body(carry, xs):
-    cache, token, all_logits = carry
+    state, token, all_logits = carry
     k, key = xs
-    logits, cache = decode_step(dims, plan, params, cache, token, start + k)
+    logits, state = step(state, token, start + k)
     nxt = sample(logits, key, temperature)
-    return (cache, nxt, jax.lax.dynamic_update_index_in_dim(all_logits, logits, k + 1, axis=1)), nxt
+    return (state, nxt, jax.lax.dynamic_update_index_in_dim(all_logits, logits, k + 1, axis=1)), nxt
 
-  (cache, _, all_logits), toks = jax.lax.scan(body, (cache, first, all_logits),
+  (state, _, all_logits), toks = jax.lax.scan(body, (state, first, all_logits),
                                               (jnp.arange(steps - 1, dtype=jnp.int32), rngs[1:]))
-  cache = cache.stacked()
-  tokens = jnp.concatenate([first[:, None], toks.T], axis=1)
-  return tokens, all_logits, cache
+  return jnp.concatenate([first[:, None], toks.T], axis=1), all_logits, state
 
 
 def generate(family, params, prompt_BN, new_tokens: int, *, temperature: float = 0.0, rng=None):

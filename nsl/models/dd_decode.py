@@ -60,24 +60,16 @@ def decode_loop(model: DoubleDecoder, params, cache, logits_BV, steps: int, temp
   The token loop reads each generation layer's cross and self K/V as separate buffers (split once
   before the loop, as `nsl.decode.decode_loop` does: XLA:CPU copies a slice of a stacked array
   before every matmul that reads it)."""
-  rngs = jax.random.split(rng, steps)
-  first = decode.sample(logits_BV, rngs[0], temperature)
   n_cross = cache["cross_v"].shape[-2]
   split = lambda a: tuple(a[i] for i in range(a.shape[0]))
   cross_k, cross_v = split(cache["cross_k"]), split(cache["cross_v"])
 
-  def body(carry, xs):
-    self_cache, token = carry
-    index, key = xs
-    logits, self_cache = model.apply({"params": params}, token, index, cross_k, cross_v, n_cross,
-                                     self_cache, cache["start"], method="gen_step")
-    nxt = decode.sample(logits, key, temperature)
-    return (self_cache, nxt), (nxt, logits)
+  def step(self_cache, token, index):
+    return model.apply({"params": params}, token, index, cross_k, cross_v, n_cross, self_cache, cache["start"],
+                       method="gen_step")
 
-  idx = cache["start"] + 1 + jnp.arange(steps - 1, dtype=jnp.int32)
-  (self_cache, _), (toks, lg) = jax.lax.scan(body, (cache["self"].per_layer(), first), (idx, rngs[1:]))
-  tokens = jnp.concatenate([first[:, None], toks.T], axis=1)
-  logits = jnp.concatenate([logits_BV[:, None], jnp.swapaxes(lg, 0, 1)], axis=1)
+  tokens, logits, self_cache = decode.sample_loop(step, cache["self"].per_layer(), logits_BV, steps, temperature,
+                                                  cache["start"] + 1, rng)
   return tokens, logits, dict(cache, self=self_cache.stacked())
 
 
