@@ -230,8 +230,8 @@ def decode_loop(dims, plan, params, cache, logits_BV, steps: int, temperature, s
 def sample_loop(step, state, logits_BV, steps: int, temperature, start, rng):
   """The token loop of the KV-cache decoders (`decode_loop`, `dd_decode.decode_loop`): token k is
   drawn from logits k (`sample`) and, except the last, fed back at position `start + k` through
-  `step(state, token_B, index) -> (logits [B, V], state)`, one compiled `lax.scan` step. Returns (tokens [B, steps], logits
-  [B, steps, V], final state). The logits are a loop carry in their returned layout, written in
+  `step(state, token_B, index) -> (logits [B, V], state)`, one compiled `lax.scan` step.
+  Returns (tokens [B, steps], logits [B, steps, V], final state). The logits are a loop carry in their returned layout, written in
   place per step: as the scan's stacked output [steps - 1, B, V] they were copied once more after
   the loop, transposed (206 MB at XS and 128 tokens: ~1 ms a token)."""
   rngs = jax.random.split(rng, steps)

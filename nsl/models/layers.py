@@ -299,8 +299,8 @@ class Stack(nn.Module):
 
     `outputs` (a cached decode step): only these new slots' outputs are returned, and the
     unrolled path's last layer runs its queries, residual and MLP on them alone (its other
-    slots' K/V are still written; nothing reads their outputs). An SPS step's x slot is such a
-    slot: at XS it saves 1/8 of the work SPS adds over the standard model's step."""
+    slots' K/V are still written; nothing reads their outputs): an SPS step's x slot. The scanned
+    path (one compiled layer body) computes every slot and slices after the scan."""
     n = self.n_layers or self.dims.n_layers
     layout = None if slots is None else slots.layout
     segment = None if slots is None else slots.segment
