@@ -16,12 +16,23 @@ causal triangle.
 
 All rules use the same S slots; the SPS rules have S/2 tokens. `--tokens` is an alias of
 `--slots` (the issue counts T in slots).
+
+`--torch_python=PY` (a Python with PyTorch) adds, for the `causal` rule, PyTorch's fused causal
+`scaled_dot_product_attention` on the same [B, H, T, D] fp32 inputs, forward + backward, with as
+many threads as this machine has cores, in rounds alternating with nsl's `chunked` path
+(`--rounds`): `torch_sdpa_s` (median per round), `chunked_s_by_round`, and
+`chunked_over_torch_sdpa` (median of the per-round ratios; < 1 = nsl faster). The torch process
+inherits this one's environment, huge pages included (README "Host memory"), so both run under
+the same allocator.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 
@@ -86,6 +97,60 @@ def _time(fn, args, repeats: int) -> tuple[float, float]:
   return statistics.median(runs), first
 
 
+# Run by `--torch_python` with argv [batch, heads, tokens, head_dim, repeats, threads]: one JSON line.
+_TORCH_SDPA = """
+import json, statistics, sys, time, torch
+b, h, t, d, repeats, threads = (int(x) for x in sys.argv[1:7])
+torch.set_num_threads(threads)
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(b, h, t, d, generator=g, requires_grad=True) for _ in range(3))
+ct = torch.randn(b, h, t, d, generator=g)
+def step():
+  out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+  return torch.autograd.grad((out * ct).sum(), (q, k, v))
+step()
+runs = []
+for _ in range(repeats):
+  t0 = time.perf_counter(); step(); runs.append(time.perf_counter() - t0)
+print(json.dumps({"torch": torch.__version__, "median_s": statistics.median(runs), "threads": threads}))
+"""
+
+
+def check_torch_python(path: str) -> str:
+  """The executable `--torch_python` names, if it imports torch; else a ConfigError."""
+  exe = shutil.which(path)
+  if exe is None:
+    raise ConfigError(f"--torch_python={path!r}: no such executable; give the path of a Python that has PyTorch")
+  probe = subprocess.run([exe, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True)
+  if probe.returncode != 0:
+    last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+    raise ConfigError(f"--torch_python={path!r} cannot import torch ({last}); pip install torch into it")
+  return exe
+
+
+def torch_sdpa_seconds(exe: str, batch: int, heads: int, tokens: int, head_dim: int, repeats: int) -> dict:
+  """One process of torch's fused causal SDPA, forward + backward: {"torch", "median_s", "threads"}."""
+  argv = [str(x) for x in (batch, heads, tokens, head_dim, repeats, os.cpu_count() or 1)]
+  run = subprocess.run([exe, "-c", _TORCH_SDPA, *argv], capture_output=True, text=True)
+  if run.returncode != 0:
+    raise NslError(f"--torch_python: the SDPA run failed: {(run.stderr.strip().splitlines() or ['?'])[-1]}")
+  return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def _against_torch(rec: dict, fn, args_, args) -> None:
+  """Rounds alternating nsl's compiled `fn` and a torch SDPA process (module docstring)."""
+  ours, theirs = [], []
+  for _ in range(args.rounds):
+    ours.append(_time(fn, args_, args.repeats)[0])
+    t = torch_sdpa_seconds(args.torch_python, args.batch, args.heads, rec["slots"], args.head_dim, args.repeats)
+    theirs.append(t["median_s"])
+  rec.update({"torch": t["torch"], "torch_threads": t["threads"], "rounds": args.rounds,
+              "chunked_s_by_round": [round(x, 5) for x in ours],
+              "torch_sdpa_s_by_round": [round(x, 5) for x in theirs],
+              "torch_sdpa_s": round(statistics.median(theirs), 5),
+              "chunked_over_torch_sdpa": round(statistics.median(a / b for a, b in zip(ours, theirs)), 4)})
+
+
 def bench_one(name: str, slots: int, args, platform: str) -> dict:
   rule, s, desc = make_case(name, slots, args.window, args.batch)
   block = args.block
@@ -116,10 +181,14 @@ def bench_one(name: str, slots: int, args, platform: str) -> dict:
     if native is not None and platform != native:
       rec["not_timed"][impl] = f"interpret mode on {platform}: a correctness tool, not a speed measurement"
       continue
+    fn = _fwd_bwd(impl, rule, s, s, block)
     try:
-      rec["time_s"][impl], compile_s[impl] = _time(_fwd_bwd(impl, rule, s, s, block), qkv_ct, args.repeats)
+      rec["time_s"][impl], compile_s[impl] = _time(fn, qkv_ct, args.repeats)
     except NslError as e:
       rec["not_timed"][impl] = str(e)
+      continue
+    if impl == "chunked" and name == "causal" and args.torch_python:
+      _against_torch(rec, fn, qkv_ct, args)
   rec["time_s"] = {k: round(v, 5) for k, v in rec["time_s"].items()}
   rec["first_call_s"] = {k: round(v, 3) for k, v in compile_s.items()}
   if "chunked" in rec["time_s"] and "xla" in rec["time_s"]:
@@ -144,6 +213,9 @@ def _parse(argv):
   p.add_argument("--window", type=int, default=64, help="SPS temporary-key window w / sliding window")
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  p.add_argument("--torch_python", default=None,
+                 help="a Python with PyTorch: time its fused causal SDPA beside the causal rule (docstring)")
+  p.add_argument("--rounds", type=int, default=3, help="alternating nsl / torch rounds with --torch_python")
   args = p.parse_args(argv)
   try:
     args.slots = [int(x) for x in args.slots.split(",") if x]
@@ -161,8 +233,13 @@ def _parse(argv):
   for i in args.impls:
     if i not in attention.IMPLS or i == "auto":
       raise ConfigError(f"--impls: unknown implementation {i!r}; choose from xla, chunked, splash, pallas_gpu")
-  if args.repeats < 1 or args.batch < 1 or args.heads < 1 or args.block < 1:
-    raise ConfigError("--repeats, --batch, --heads and --block must be >= 1")
+  if args.repeats < 1 or args.batch < 1 or args.heads < 1 or args.block < 1 or args.rounds < 1:
+    raise ConfigError("--repeats, --batch, --heads, --block and --rounds must be >= 1")
+  if args.torch_python:
+    if args.dtype != "float32" or "causal" not in args.rules or "chunked" not in args.impls:
+      raise ConfigError("--torch_python compares the causal rule's chunked path in float32: keep "
+                        "'causal' in --rules, 'chunked' in --impls and --dtype=float32")
+    args.torch_python = check_torch_python(args.torch_python)
   return args, platform
 
 
