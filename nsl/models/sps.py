@@ -200,6 +200,11 @@ class SPSLM(nn.Module):
   def __call__(self, tokens_BT, segment_BT):
     return self.logits(self.hidden(tokens_BT, segment_BT))
 
+  def cross_entropy(self, tokens_BT, segment_BT, targets_BT, weights_BT):
+    """`masked_cross_entropy` of `__call__`'s read-out logits, through `Embedder.cross_entropy`."""
+    h_BTD = self.from_slots(self.hidden(tokens_BT, segment_BT), self.spec.readout)
+    return self.embedder.cross_entropy(h_BTD, targets_BT, weights_BT)
+
 
 # ----------------------------------------------------------------------------- the family
 
@@ -313,8 +318,8 @@ class SPSFamily(Family):
     return (model or self.model).apply({"params": params}, *self.model_inputs(batch))
 
   def loss(self, params, batch, rng, step):
-    _, targets, _, weights = layers.next_token_targets(batch)
-    loss, weight = layers.masked_cross_entropy(self.token_logits(params, batch), targets, weights)
+    inputs, targets, seg_in, weights = layers.next_token_targets(batch)
+    loss, weight = self.model.apply({"params": params}, inputs, seg_in, targets, weights, method="cross_entropy")
     return loss, {"weight": weight}
 
   def flops_per_token(self) -> float:
