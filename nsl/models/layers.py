@@ -408,8 +408,8 @@ def masked_cross_entropy(logits_BTV, targets_BT, weights_BT):
 
 
 # Rows of a head + cross-entropy chunk: one [rows, V] block of logits at a time (50,304 × 1024 ×
-# 4 B = 206 MB at the GPT-2 vocabulary), small enough to stay off the page-fault path and large
-# enough for full-speed matmuls; 512 and 2048 measured within noise of it.
+# 4 B = 206 MB at the GPT-2 vocabulary) instead of all B·T rows; 512 and 2048 measured within
+# noise of it (2 cores, head + loss forward + backward alone).
 HEAD_CHUNK_ROWS = 1024
 
 
@@ -434,11 +434,10 @@ def _head_ce(h_ND, embedding_VD, targets_N, weights_N, scale):
 def _head_ce_parts(h_ND, embedding_VD, targets_N, weights_N, scale, grads: bool = True):
   """(loss, weight, dloss/dh, dloss/dE); without `grads` only the first two (one matmul a chunk)."""
   n, d = h_ND.shape
-  rows = n
-  for c in range(min(HEAD_CHUNK_ROWS, n), 0, -1):
-    if n % c == 0:
-      rows = c
-      break
+  rows = min(HEAD_CHUNK_ROWS, n)
+  pad = -n % rows  # padded rows carry weight 0: no loss, no gradient
+  if pad:
+    h_ND, targets_N, weights_N = (jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)) for a in (h_ND, targets_N, weights_N))
   weight = jnp.sum(weights_N)
   inv_w = 1.0 / jnp.maximum(weight, 1.0)
   e_f32 = embedding_VD.astype(jnp.float32)
@@ -455,10 +454,11 @@ def _head_ce_parts(h_ND, embedding_VD, targets_N, weights_N, scale, grads: bool 
     g = (ex / total - jax.nn.one_hot(t, logits.shape[-1], dtype=jnp.float32)) * (w * inv_w * scale)[:, None]
     return d_e + g.T @ h.astype(jnp.float32), (jnp.sum(nll * w), g @ e_f32)
 
-  xs = (h_ND.reshape(n // rows, rows, d), targets_N.reshape(n // rows, rows), weights_N.reshape(n // rows, rows))
+  chunks = (n + pad) // rows
+  xs = (h_ND.reshape(chunks, rows, d), targets_N.reshape(chunks, rows), weights_N.reshape(chunks, rows))
   d_e, (nll_sums, d_h) = jax.lax.scan(chunk, jnp.zeros_like(e_f32) if grads else None, xs)
   loss = jnp.sum(nll_sums) * inv_w
-  return (loss, weight, d_h.reshape(n, d), d_e) if grads else (loss, weight, None, None)
+  return (loss, weight, d_h.reshape(n + pad, d)[:n], d_e) if grads else (loss, weight, None, None)
 
 
 def _head_ce_fwd(h_ND, embedding_VD, targets_N, weights_N, scale):

@@ -15,10 +15,10 @@ def _logits_path(h, e, t, w, scale):
   return layers.masked_cross_entropy(scale * (h @ e.T), t, w)
 
 
-@pytest.mark.parametrize("n,scale", [(2500, 1.0), (300, 0.25), (7, 1.0)])
+@pytest.mark.parametrize("n,scale", [(2500, 1.0), (2048, 0.25), (7, 1.0)])
 def test_equals_the_logits_path_in_value_and_gradients(n, scale):
-  """2500 rows: four chunks of 625 (the largest divisor <= HEAD_CHUNK_ROWS); 7 rows: one chunk;
-  a μP-style logit scale; zero weights and a document boundary's ignored targets."""
+  """2500 rows: three chunks of HEAD_CHUNK_ROWS, the last padded with weight-0 rows; 2048: two
+  full chunks, with a μP-style logit scale; 7 rows: one chunk; zero weights among the rows."""
   k = jax.random.split(jax.random.PRNGKey(0), 4)
   v, d = 97, 16
   h, e = jax.random.normal(k[0], (n, d)), 0.3 * jax.random.normal(k[1], (v, d))
