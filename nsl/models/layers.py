@@ -418,11 +418,12 @@ def head_cross_entropy(h_ND, embedding_VD, targets_N, weights_N, scale: float = 
   `masked_cross_entropy`), with the tied head and the softmax computed one chunk of rows at a
   time and the gradients of h and E formed in the same pass (a fused linear + cross-entropy).
 
-  Why: XLA materialised the [N, V] float32 logits and two more logits-sized buffers (a 3.3 GB
-  temporary per step at 8 × 1024 tokens); measured forward + backward of head and loss alone on 2
+  Why: the logits path materialises [N, V] float32 buffers (`strace` at 8 × 1024 tokens: a 3.3 GB
+  temporary mapped and unmapped per step); measured forward + backward of head and loss alone on 2
   cores: 3-7% faster at 2048 rows, 7-14% at 8192 rows (README "Against the SPS authors' code").
   The gradient of the mean NLL with respect to the logits is (softmax − onehot) · w / Σw, known
-  in the forward pass because the loss ends the graph; the backward pass only scales it."""
+  in the forward pass because the loss ends the graph; the backward pass only scales it.
+  `targets` and `weights` are data: no gradient flows to them (zeros)."""
   return _head_ce(h_ND, embedding_VD, targets_N, weights_N, scale)
 
 

@@ -44,7 +44,7 @@ def test_no_weight_means_zero_loss_and_zero_gradients():
 def test_the_train_loss_gradient_equals_the_logits_path_and_makes_no_logits_buffer(config):
   """The family's loss (standard; SPS's read-out rows) differentiates like the CE of its token
   logits, and its compiled gradient holds no [B·T, V] or [B, T, V] float32 array (the logits
-  path made three)."""
+  path's does: checked too, so the search can see one)."""
   c = nsl_config.load_config(f"configs/{config}.py")
   b, t, v = 4, 512, 4160  # 2048 rows: two chunks of HEAD_CHUNK_ROWS
   c.data.tokenizer, c.data.seq_len, c.model.vocab_size = "byte", t, v
