@@ -33,7 +33,7 @@ import numpy as np
 from nsl import masks
 from nsl.errors import ConfigError
 
-IMPLS = ("auto", "xla", "chunked", "splash", "pallas_gpu")
+IMPLS = ("auto", "xla", "chunked", "splash", "pallas_gpu", "flash_cpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,12 +65,13 @@ def attend(q, k, v, rule: masks.Rule, q_slots: Slots, k_slots: Slots, *, impl: s
   `return_lse`.
   """
   chosen = resolve_impl(impl)
-  auto_tile = tile_size(chosen)
-  chunk_q, chunk_k = chunk_q or auto_tile, chunk_k or auto_tile
-  if impl == "auto" and chosen in ("splash", "pallas_gpu") and not _kernel_module(chosen).supports(
-      q, k, v, rule, q_slots, k_slots, block_q=chunk_q, block_k=chunk_k):
+  tiles = lambda name: (chunk_q or tile_size(name), chunk_k or tile_size(name))
+  bq, bk = tiles(chosen)
+  if impl == "auto" and chosen in KERNELS and not _kernel_module(chosen).supports(
+      q, k, v, rule, q_slots, k_slots, block_q=bq, block_k=bk):
     chosen = "chunked"  # auto means "the kernel where it applies": e.g. SED's 114-token encoder
-  impl = chosen
+    bq, bk = tiles(chosen)
+  impl, chunk_q, chunk_k = chosen, bq, bk
   if impl == "xla":
     out, lse = attend_dense(q, k, v, rule, q_slots.fields(), k_slots.fields())
   elif impl == "chunked" and q.shape[1] <= chunk_q and k.shape[1] <= chunk_k:
@@ -96,6 +97,9 @@ def tile_size(impl: str) -> int:
   """The tile size when `model.attention_chunk` is 0 (auto): `DEFAULT_TILE` (the kernels' block),
   `CPU_TILE` for the chunked path on CPU."""
   from nsl import sharding
+  if impl == "flash_cpu":
+    from nsl.kernels import flash_cpu
+    return flash_cpu.TILE
   if impl == "chunked" and sharding.platform() == "cpu":
     return CPU_TILE
   return DEFAULT_TILE
@@ -107,16 +111,21 @@ def resolve_impl(impl: str) -> str:
   if impl != "auto":
     return impl
   from nsl import sharding  # the mesh's platform, not the host's: AOT compiles pick the pod's kernel
-  preferred = {"tpu": "splash", "gpu": "pallas_gpu"}.get(sharding.platform())
+  preferred = {"tpu": "splash", "gpu": "pallas_gpu", "cpu": "flash_cpu"}.get(sharding.platform())
   if preferred is not None and _kernel_available(preferred):
     return preferred
   return "chunked"
+
+
+KERNELS = ("splash", "pallas_gpu", "flash_cpu")
 
 
 def _kernel_module(impl: str):
   try:
     if impl == "splash":
       from nsl.kernels import splash as mod
+    elif impl == "flash_cpu":
+      from nsl.kernels import flash_cpu as mod
     else:
       from nsl.kernels import flash_gpu as mod
   except ImportError as e:
@@ -126,10 +135,10 @@ def _kernel_module(impl: str):
 
 def _kernel_available(impl: str) -> bool:
   try:
-    _kernel_module(impl)
-    return True
+    mod = _kernel_module(impl)
   except ConfigError:
     return False
+  return mod.available() if impl == "flash_cpu" else True
 
 
 def merge_lse(out_a, lse_a, out_b, lse_b):

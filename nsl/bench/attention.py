@@ -17,11 +17,15 @@ causal triangle.
 All rules use the same S slots; the SPS rules have S/2 tokens. `--tokens` is an alias of
 `--slots` (the issue counts T in slots).
 
+`--block=0` (default) times each implementation at its own default tile (`attention.tile_size`:
+64 for the `flash_cpu` kernel, 128 for the chunked path on CPU, 512 for the accelerator kernels;
+`block_by_impl`) and counts tiles at the chunked path's; `--block=N` uses N for all.
+
 `--torch_python=PY` (a Python with PyTorch) adds, for the `causal` rule, PyTorch's fused causal
 `scaled_dot_product_attention` on the same [B, H, T, D] fp32 inputs, forward + backward, with as
-many threads as this machine has cores, in rounds alternating with nsl's `chunked` path
-(`--rounds`): `torch_sdpa_s` (median per round), `chunked_s_by_round`, and
-`chunked_over_torch_sdpa` (median of the per-round ratios; < 1 = nsl faster). The torch process
+many threads as this machine has cores, in rounds alternating with nsl's CPU paths (`chunked`
+and the `flash_cpu` kernel, those in `--impls`; `--rounds`): `torch_sdpa_s` (median per round),
+`IMPL_s_by_round`, and `IMPL_over_torch_sdpa` (median of the per-round ratios; < 1 = nsl faster). The torch process
 inherits this one's environment, huge pages included (README "Host memory"), so both run under
 the same allocator.
 """
@@ -46,7 +50,8 @@ from nsl.kernels import rules as kernel_rules
 from nsl.models import sps
 
 RULES = ("causal", "window", "sps_interleaved", "sps_stream_major", "delayed", "dd_self", "dd_cross")
-KERNEL_PLATFORM = {"splash": "tpu", "pallas_gpu": "gpu"}
+KERNEL_PLATFORM = {"splash": "tpu", "pallas_gpu": "gpu", "flash_cpu": "cpu"}
+AGAINST_TORCH = ("chunked", "flash_cpu")  # the CPU paths timed against torch's SDPA
 
 
 def _dd_blocks(slots: int, seed: int = 0) -> np.ndarray:
@@ -137,23 +142,25 @@ def torch_sdpa_seconds(exe: str, batch: int, heads: int, tokens: int, head_dim: 
   return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def _against_torch(rec: dict, fn, args_, args) -> None:
-  """Rounds alternating nsl's compiled `fn` and a torch SDPA process (module docstring)."""
-  ours, theirs = [], []
+def _against_torch(rec: dict, fns: dict, args_, args) -> None:
+  """Rounds alternating a torch SDPA process with each of nsl's compiled `fns` (module docstring)."""
+  ours, theirs = {name: [] for name in fns}, []
   for _ in range(args.rounds):
-    ours.append(_time(fn, args_, args.repeats)[0])
     t = torch_sdpa_seconds(args.torch_python, args.batch, args.heads, rec["slots"], args.head_dim, args.repeats)
     theirs.append(t["median_s"])
+    for name, fn in fns.items():
+      ours[name].append(_time(fn, args_, args.repeats)[0])
   rec.update({"torch": t["torch"], "torch_threads": t["threads"], "rounds": args.rounds,
-              "chunked_s_by_round": [round(x, 5) for x in ours],
               "torch_sdpa_s_by_round": [round(x, 5) for x in theirs],
-              "torch_sdpa_s": round(statistics.median(theirs), 5),
-              "chunked_over_torch_sdpa": round(statistics.median(a / b for a, b in zip(ours, theirs)), 4)})
+              "torch_sdpa_s": round(statistics.median(theirs), 5)})
+  for name, runs in ours.items():
+    rec[f"{name}_s_by_round"] = [round(x, 5) for x in runs]
+    rec[f"{name}_over_torch_sdpa"] = round(statistics.median(a / b for a, b in zip(runs, theirs)), 4)
 
 
 def bench_one(name: str, slots: int, args, platform: str) -> dict:
   rule, s, desc = make_case(name, slots, args.window, args.batch)
-  block = args.block
+  block = args.block or attention.tile_size("chunked")
   if slots % block:
     raise ConfigError(f"--block={block} must divide every length in --slots (got {slots})")
   dyn = s.dynamic()
@@ -175,24 +182,27 @@ def bench_one(name: str, slots: int, args, platform: str) -> dict:
   dtype = jnp.dtype(args.dtype)
   qkv_ct = [jax.random.normal(k, shape, jnp.float32).astype(dtype) for k in jax.random.split(key, 4)]
   qkv_ct[3] = qkv_ct[3].astype(jnp.float32)
-  compile_s = {}
+  compile_s, fns, rec["block_by_impl"] = {}, {}, {}
   for impl in args.impls:
     native = KERNEL_PLATFORM.get(impl)
     if native is not None and platform != native:
       rec["not_timed"][impl] = f"interpret mode on {platform}: a correctness tool, not a speed measurement"
       continue
-    fn = _fwd_bwd(impl, rule, s, s, block)
+    rec["block_by_impl"][impl] = args.block or attention.tile_size(impl)
+    fn = _fwd_bwd(impl, rule, s, s, rec["block_by_impl"][impl])
     try:
       rec["time_s"][impl], compile_s[impl] = _time(fn, qkv_ct, args.repeats)
     except NslError as e:
       rec["not_timed"][impl] = str(e)
       continue
-    if impl == "chunked" and name == "causal" and args.torch_python:
-      _against_torch(rec, fn, qkv_ct, args)
+    fns[impl] = fn
+  if name == "causal" and args.torch_python:
+    _against_torch(rec, {i: f for i, f in fns.items() if i in AGAINST_TORCH}, qkv_ct, args)
   rec["time_s"] = {k: round(v, 5) for k, v in rec["time_s"].items()}
   rec["first_call_s"] = {k: round(v, 3) for k, v in compile_s.items()}
-  if "chunked" in rec["time_s"] and "xla" in rec["time_s"]:
-    rec["chunked_over_xla"] = round(rec["time_s"]["chunked"] / rec["time_s"]["xla"], 4)
+  for impl in ("chunked", "flash_cpu"):
+    if impl in rec["time_s"] and "xla" in rec["time_s"]:
+      rec[f"{impl}_over_xla"] = round(rec["time_s"][impl] / rec["time_s"]["xla"], 4)
   if not rec["not_timed"]:
     del rec["not_timed"]
   return rec
@@ -203,13 +213,14 @@ def _parse(argv):
   p.add_argument("--slots", "--tokens", dest="slots", default="1024,2048,4096",
                  help="comma-separated sequence lengths in slots (--tokens is an alias)")
   p.add_argument("--impls", default=None,
-                 help="comma-separated from xla,chunked,splash,pallas_gpu (default: xla,chunked plus "
-                      "the platform's kernel)")
+                 help="comma-separated from xla,chunked,splash,pallas_gpu,flash_cpu (default: xla,chunked "
+                      "plus the platform's kernel)")
   p.add_argument("--rules", default=",".join(RULES))
   p.add_argument("--batch", type=int, default=1)
   p.add_argument("--heads", type=int, default=4)
   p.add_argument("--head_dim", type=int, default=64)
-  p.add_argument("--block", type=int, default=128, help="tile size: block map, chunked chunks, kernel blocks")
+  p.add_argument("--block", type=int, default=0,
+                 help="tile size of every implementation and the tile counts (0: each one's own, docstring)")
   p.add_argument("--window", type=int, default=64, help="SPS temporary-key window w / sliding window")
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
@@ -232,13 +243,14 @@ def _parse(argv):
     args.impls = [i for i in args.impls.split(",") if i]
   for i in args.impls:
     if i not in attention.IMPLS or i == "auto":
-      raise ConfigError(f"--impls: unknown implementation {i!r}; choose from xla, chunked, splash, pallas_gpu")
-  if args.repeats < 1 or args.batch < 1 or args.heads < 1 or args.block < 1 or args.rounds < 1:
-    raise ConfigError("--repeats, --batch, --heads, --block and --rounds must be >= 1")
+      raise ConfigError(f"--impls: unknown implementation {i!r}; choose from xla, chunked, splash, "
+                        "pallas_gpu, flash_cpu")
+  if args.repeats < 1 or args.batch < 1 or args.heads < 1 or args.block < 0 or args.rounds < 1:
+    raise ConfigError("--repeats, --batch, --heads and --rounds must be >= 1, --block >= 0")
   if args.torch_python:
-    if args.dtype != "float32" or "causal" not in args.rules or "chunked" not in args.impls:
-      raise ConfigError("--torch_python compares the causal rule's chunked path in float32: keep "
-                        "'causal' in --rules, 'chunked' in --impls and --dtype=float32")
+    if args.dtype != "float32" or "causal" not in args.rules or not set(AGAINST_TORCH) & set(args.impls):
+      raise ConfigError("--torch_python compares the causal rule's CPU paths in float32: keep "
+                        "'causal' in --rules, 'chunked' or 'flash_cpu' in --impls and --dtype=float32")
     args.torch_python = check_torch_python(args.torch_python)
   return args, platform
 
@@ -261,7 +273,7 @@ def main(argv=None) -> int:
   if "sps_stream_major" in summary:
     sm = summary["sps_stream_major"]
     line = {"bench": "attention", "summary": True, "slots": 4096, "tokens": 2048,
-            "window": args.window, "block": args.block,
+            "window": args.window, "block": sm["block"],
             "sps_stream_major_tiles_vs_interleaved_causal_triangle": sm["tiles_vs_causal_triangle"],
             "target_tiles": 0.6}
     if "chunked_over_xla" in sm:

@@ -1,0 +1,29 @@
+"""Attention kernels (`splash` on TPU, `flash_gpu` on GPU, `flash_cpu` on CPU) and what they share."""
+
+from __future__ import annotations
+
+import jax
+
+BATCH_AXES = ("data", "fsdp")
+HEAD_AXIS = "tensor"
+
+
+def shard_over_mesh(local, mesh, q, k, v, seg):
+  """Runs `local(q, k, v, seg) -> (out, lse)` under shard_map: the batch over the mesh axes among
+  ('data', 'fsdp') that divide it, the heads over 'tensor' when it divides the head count (a
+  kernel is an opaque call to the partitioner; sequence axes are not sharded). `seg` is None or
+  a pair of [B, S] id arrays."""
+  P = jax.sharding.PartitionSpec
+  names = dict(zip(mesh.axis_names, mesh.axis_sizes))
+  batch_axes, size = [], 1
+  for ax in BATCH_AXES:
+    if ax in names and q.shape[0] % (size * names[ax]) == 0:
+      batch_axes.append(ax)
+      size *= names[ax]
+  batch = tuple(batch_axes) or None
+  head = HEAD_AXIS if HEAD_AXIS in names and q.shape[2] % names[HEAD_AXIS] == 0 else None
+  x_spec = P(batch, None, head, None)
+  seg_spec = None if seg is None else (P(batch, None), P(batch, None))
+  fn = jax.shard_map(local, mesh=mesh, in_specs=(x_spec, x_spec, x_spec, seg_spec),
+                     out_specs=(x_spec, P(batch, head, None)), check_vma=False)
+  return fn(q, k, v, seg)

@@ -53,11 +53,9 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 
 from nsl import masks, sharding
 from nsl.errors import ConfigError
-from nsl.kernels import rules
+from nsl.kernels import rules, shard_over_mesh
 
 LANES = 128
-BATCH_AXES = ("data", "fsdp")
-HEAD_AXIS = "tensor"
 
 
 # ----------------------------------------------------------------------------- the mask
@@ -215,25 +213,7 @@ def attend(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = 512, b
     mesh = None if ctx.empty else ctx
   if mesh is None:
     return local(q, k, v, seg)
-  return _sharded(local, mesh, q, k, v, seg)
-
-
-def _sharded(local, mesh, q, k, v, seg):
-  """Runs `local` under shard_map: batch over ('data', 'fsdp'), heads over 'tensor'."""
-  P = jax.sharding.PartitionSpec
-  names = dict(zip(mesh.axis_names, mesh.axis_sizes))
-  batch_axes, size = [], 1
-  for ax in BATCH_AXES:
-    if ax in names and q.shape[0] % (size * names[ax]) == 0:
-      batch_axes.append(ax)
-      size *= names[ax]
-  batch = tuple(batch_axes) or None
-  head = HEAD_AXIS if HEAD_AXIS in names and q.shape[2] % names[HEAD_AXIS] == 0 else None
-  x_spec = P(batch, None, head, None)
-  seg_spec = None if seg is None else (P(batch, None), P(batch, None))
-  fn = jax.shard_map(local, mesh=mesh, in_specs=(x_spec, x_spec, x_spec, seg_spec),
-                     out_specs=(x_spec, P(batch, head, None)), check_vma=False)
-  return fn(q, k, v, seg)
+  return shard_over_mesh(local, mesh, q, k, v, seg)
 
 
 def _local_attend(q, k, v, seg, *, rule, q_layout, k_layout, block_q, block_kv, interpret):

@@ -110,9 +110,10 @@ class CrossKV(nn.Module):
 
 
 def cross_impl(impl: str) -> str:
-  """Splash cannot express block='earlier' (a dynamic inequality): use the chunked XLA path."""
+  """Splash and the CPU kernel cannot express block='earlier' (a dynamic inequality): use the
+  chunked XLA path."""
   impl = attention.resolve_impl(impl)
-  return "chunked" if impl == "splash" else impl
+  return "chunked" if impl in ("splash", "flash_cpu") else impl
 
 
 class ComboAttention(nn.Module):

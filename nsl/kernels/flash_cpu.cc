@@ -1,0 +1,548 @@
+// Block-sparse flash attention for the CPU, forward and backward, as XLA FFI custom calls.
+//
+// Why this exists: XLA:CPU runs nsl's chunked attention (`nsl/attention.py`, `_rows`) as
+// batched dots whose key operand is a slice of K or V, and it copies every slice before the
+// dot (~14% of the op at 1024 causal tokens); the exact-softmax row schedule it runs is
+// otherwise what this kernel runs. Here each (batch, head) is one task that reads q/k/v in place
+// ([B, S, H, D], row stride H·D), so nothing is copied but a transposed K (and V) per task.
+//
+// Math (REFERENCES §1's softmax attention; FlashAttention-2's backward recomputation):
+//   S = scale · Q Kᵀ on the visible key blocks of a query block, masked by the nsl rule
+//   (`nsl.masks.visible`), P = exp(S − m) / l row by row over all its visible keys at once
+//   (exact, no online rescaling: a 64-row block's scores stay in L2), O = P V, lse = m + log l.
+//   Backward: P = exp(S − lse), dP = dO Vᵀ, δ = rowsum(dO ∘ O) − dlse, dS = scale · P ∘ (dP − δ),
+//   dQ = dS K, dK = dSᵀ Q, dV = Pᵀ dO. A row that sees no key has out 0, lse −inf, no gradient.
+//
+// Tiles: the host passes the static block map (`nsl.masks.block_map`: EMPTY / PARTIAL / FULL
+// from pos/tok/kind); per batch row a FULL tile whose query and key segment ids are one and the
+// same id stays unmasked, one whose id ranges are disjoint is skipped (packed documents), and
+// any other is masked per element. The products are a register-blocked kernel (6 rows × 2-4
+// float vectors: GCC vector extensions, AVX2 or AVX-512 as the build host has).
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include <sched.h>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+// One float vector of the build host: 16 lanes with AVX-512 (32 registers: 6 rows × 4 vectors
+// of accumulators), else 8 (AVX2, 16 registers: 6 rows × 2 vectors).
+#ifdef __AVX512F__
+constexpr int W = 16, NV_MAX = 4;
+#define NV_MAX_IS_4 1
+#else
+constexpr int W = 8, NV_MAX = 2;
+#define NV_MAX_IS_4 0
+#endif
+typedef float vf __attribute__((vector_size(4 * W)));
+typedef float vfu __attribute__((vector_size(4 * W), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(4 * W)));
+typedef int32_t viu __attribute__((vector_size(4 * W), aligned(4)));
+
+constexpr int8_t kEmpty = 0, kPartial = 1, kFull = 2;  // nsl.masks block-map codes
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline vf load(const float* p) { return *reinterpret_cast<const vfu*>(p); }
+inline vi loadi(const int32_t* p) { return *reinterpret_cast<const viu*>(p); }
+inline void store(float* p, vf x) { *reinterpret_cast<vfu*>(p) = x; }
+inline vf splat(float x) { return x - (vf){}; }
+
+// C[MR, 16·NV] (+)= Σ_k A(r, k) · B[k, :], with A(r, k) = A[r·rsa + k·csa] (any strides, so
+// Aᵀ is free) and B row-major with row stride ldb.
+template <int MR, int NV>
+inline void micro(int64_t K, const float* A, int64_t rsa, int64_t csa, const float* B, int64_t ldb,
+                  float* C, int64_t ldc, bool acc) {
+  vf c[MR][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int n = 0; n < NV; ++n) c[r][n] = acc ? load(C + r * ldc + W * n) : (vf){};
+  for (int64_t k = 0; k < K; ++k) {
+    const float* b = B + k * ldb;
+    vf bv[NV];
+#pragma GCC unroll 4
+    for (int n = 0; n < NV; ++n) bv[n] = load(b + W * n);
+    const float* a = A + k * csa;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const float ar = a[r * rsa];
+#pragma GCC unroll 4
+      for (int n = 0; n < NV; ++n) c[r][n] += ar * bv[n];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int n = 0; n < NV; ++n) store(C + r * ldc + W * n, c[r][n]);
+}
+
+template <int NV>
+void gemm_panel(int64_t M, int64_t K, const float* A, int64_t rsa, int64_t csa, const float* B,
+                float* C, int64_t ldc, bool acc) {
+  constexpr int64_t ldb = NV * W;
+  int64_t m = 0;
+  for (; m + 6 <= M; m += 6) micro<6, NV>(K, A + m * rsa, rsa, csa, B, ldb, C + m * ldc, ldc, acc);
+  const float* a = A + m * rsa;
+  float* c = C + m * ldc;
+  switch (M - m) {
+    case 5: micro<5, NV>(K, a, rsa, csa, B, ldb, c, ldc, acc); break;
+    case 4: micro<4, NV>(K, a, rsa, csa, B, ldb, c, ldc, acc); break;
+    case 3: micro<3, NV>(K, a, rsa, csa, B, ldb, c, ldc, acc); break;
+    case 2: micro<2, NV>(K, a, rsa, csa, B, ldb, c, ldc, acc); break;
+    case 1: micro<1, NV>(K, a, rsa, csa, B, ldb, c, ldc, acc); break;
+    default: break;
+  }
+}
+
+// B operands are packed in column panels of nv·W floats: element (k, n) of a [K, N] operand at
+// B[(n / pw)·pstride + k·pw + n % pw]. A [S, H·D] tensor's rows (or a transposed [D, S] one's)
+// sit at a 1-4 KiB stride, which maps a micro-kernel's panel onto a few L1 sets; packed, a
+// panel is one contiguous stream (measured: README "Benchmarks").
+struct Panels {
+  int nv;       // vectors per panel row
+  int64_t pw;   // panel width nv·W
+};
+
+// C[M, N] (+)= A(M×K) · B, B packed (Panels) with panel stride pstride; N a multiple of pw.
+void gemm(const Panels& pk, int64_t M, int64_t N, int64_t K, const float* A, int64_t rsa,
+          int64_t csa, const float* B, int64_t pstride, float* C, int64_t ldc, bool acc) {
+  for (int64_t n = 0, i = 0; n < N; n += pk.pw, ++i) {
+    const float* b = B + i * pstride;
+    switch (pk.nv) {
+      case 1: gemm_panel<1>(M, K, A, rsa, csa, b, C + n, ldc, acc); break;
+      case 2: gemm_panel<2>(M, K, A, rsa, csa, b, C + n, ldc, acc); break;
+#if NV_MAX_IS_4
+      case 3: gemm_panel<3>(M, K, A, rsa, csa, b, C + n, ldc, acc); break;
+      case 4: gemm_panel<4>(M, K, A, rsa, csa, b, C + n, ldc, acc); break;
+#endif
+      default: break;
+    }
+  }
+}
+
+// Rows [0, S) × D of one (b, h) of a [B, S, H, D] tensor, packed as a [S, D] B operand
+// (k = slot, n = feature): rows r0.. start at dst + r0·pw, panel stride S·pw.
+void pack_rows(const float* x, int64_t b, int64_t h, int64_t S, int64_t H, int64_t D,
+               const Panels& pk, float* dst) {
+  const float* base = x + (b * S * H + h) * D;
+  for (int64_t d0 = 0; d0 < D; d0 += pk.pw, dst += S * pk.pw)
+    for (int64_t s = 0; s < S; ++s) std::memcpy(dst + s * pk.pw, base + s * H * D + d0, pk.pw * sizeof(float));
+}
+
+// The same rows transposed, packed as a [D, S] B operand (k = feature, n = slot): key block j
+// of width bk starts at dst + (j·bk / pw)·D·pw, panel stride D·pw.
+void pack_cols(const float* x, int64_t b, int64_t h, int64_t S, int64_t H, int64_t D,
+               const Panels& pk, float* dst) {
+  const float* base = x + (b * S * H + h) * D;
+  for (int64_t s0 = 0; s0 < S; s0 += pk.pw, dst += D * pk.pw)
+    for (int64_t i = 0; i < pk.pw; ++i) {
+      const float* src = base + (s0 + i) * H * D;
+      for (int64_t d = 0; d < D; ++d) dst[d * pk.pw + i] = src[d];
+    }
+}
+
+// exp(x) for softmax arguments (x ≤ ~88): Cephes' expf polynomial (≈1 ulp), exactly 0 below
+// −87 (so masked −inf scores give p = 0, as the XLA paths do).
+inline vf vexp(vf x) {
+  const vi tiny = x < splat(-87.0f);
+  x = tiny ? splat(-87.0f) : x;
+  x = x > splat(88.0f) ? splat(88.0f) : x;
+  const vf t = x * 1.44269504088896341f + 12582912.0f;  // 1.5·2²³: round-to-nearest n in t's bits
+  const vf n = t - 12582912.0f;
+  vf r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  vf p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const vi pow2 = ((reinterpret_cast<const vi&>(t) - 0x4B400000) + 127) << 23;
+  const vf e = p * reinterpret_cast<const vf&>(pow2);
+  return tiny ? splat(0.0f) : e;
+}
+
+struct Rule {
+  bool causal, same_segment;
+  int64_t window, persistent_window;  // < 0: none
+};
+
+struct Shape {
+  int64_t B, Sq, Sk, H, D, bq, bk, nqb, nkb;
+  Panels pk;
+};
+
+struct Meta {
+  const int32_t *q_pos, *q_tok, *k_pos, *k_tok, *k_kind;  // static layout, [S]
+  const int32_t *q_seg, *k_seg;                          // [B, S] (zeros when unused)
+  const int8_t* bmap;                                    // [nqb, nkb]
+};
+
+// Masks S[rows, bk] (row stride ldS) of query rows q0.. against keys k0.. in place (→ −inf).
+void apply_mask(float* S, int64_t ldS, int64_t rows, int64_t bk, const Rule& rule, const Meta& m,
+                int64_t b, const Shape& sh, int64_t q0, int64_t k0) {
+  const int32_t* qseg = m.q_seg + b * sh.Sq;
+  const int32_t* kseg = m.k_seg + b * sh.Sk;
+  const vf ninf = splat(kNegInf);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t qp = m.q_pos[q0 + r], qt = m.q_tok[q0 + r], qs = qseg[q0 + r];
+    float* s = S + r * ldS;
+    for (int64_t c = 0; c < bk; c += W) {
+      vi vis = (vi){} - 1;
+      if (rule.causal) vis &= loadi(m.k_pos + k0 + c) <= qp;
+      if (rule.window >= 0 || rule.persistent_window >= 0) {
+        const vi dist = qt - loadi(m.k_tok + k0 + c);
+        const vi pers = loadi(m.k_kind + k0 + c) == 0;
+        if (rule.window >= 0) vis &= pers | (dist <= (int32_t)rule.window);
+        if (rule.persistent_window >= 0) vis &= ~pers | (dist <= (int32_t)rule.persistent_window);
+      }
+      if (rule.same_segment) vis &= loadi(kseg + k0 + c) == qs;
+      store(s + c, vis ? load(s + c) : ninf);
+    }
+  }
+}
+
+// The visible key blocks of query block i for batch row b: (block, needs element mask).
+void visible_blocks(const Rule& rule, const Meta& m, const Shape& sh, int64_t b, int64_t i,
+                    std::vector<std::pair<int64_t, bool>>& out) {
+  out.clear();
+  int32_t qmin = 0, qmax = 0;
+  if (rule.same_segment) {
+    const int32_t* s = m.q_seg + b * sh.Sq + i * sh.bq;
+    qmin = *std::min_element(s, s + sh.bq);
+    qmax = *std::max_element(s, s + sh.bq);
+  }
+  for (int64_t j = 0; j < sh.nkb; ++j) {
+    const int8_t code = m.bmap[i * sh.nkb + j];
+    if (code == kEmpty) continue;
+    bool masked = code == kPartial;
+    if (rule.same_segment) {
+      const int32_t* s = m.k_seg + b * sh.Sk + j * sh.bk;
+      const int32_t kmin = *std::min_element(s, s + sh.bk), kmax = *std::max_element(s, s + sh.bk);
+      if (kmax < qmin || kmin > qmax) continue;  // no segment in common
+      if (!(qmin == qmax && kmin == kmax && qmin == kmin)) masked = true;
+    }
+    out.emplace_back(j, masked);
+  }
+}
+
+// Softmax rows of S[rows, L] in place with max subtracted; returns row max and sum.
+void softmax_rows(float* S, int64_t ldS, int64_t rows, int64_t L, float* mx, float* sum) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* s = S + r * ldS;
+    vf vm = splat(kNegInf);
+    for (int64_t c = 0; c < L; c += W) {
+      const vf x = load(s + c);
+      vm = x > vm ? x : vm;
+    }
+    float m = kNegInf;
+    for (int e = 0; e < W; ++e) m = std::max(m, vm[e]);
+    mx[r] = m;
+    if (m == kNegInf) {
+      sum[r] = 0.0f;
+      std::memset(s, 0, L * sizeof(float));
+      continue;
+    }
+    vf vs = {};
+    for (int64_t c = 0; c < L; c += W) {
+      const vf e = vexp(load(s + c) - m);
+      store(s + c, e);
+      vs += e;
+    }
+    float t = 0.0f;
+    for (int e = 0; e < W; ++e) t += vs[e];
+    sum[r] = t;
+  }
+}
+
+int num_workers(int64_t tasks) {
+  cpu_set_t set;
+  int n = 1;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) n = CPU_COUNT(&set);
+  return (int)std::max<int64_t>(1, std::min<int64_t>(n, tasks));
+}
+
+// Runs body(task, scratch) for every (b, h) task on the host's cores, one scratch per thread.
+template <typename Body>
+void parallel_tasks(int64_t tasks, Body body) {
+  std::atomic<int64_t> next{0};
+  auto worker = [&]() {
+    typename Body::Scratch scratch;
+    for (int64_t t; (t = next.fetch_add(1)) < tasks;) body(t, scratch);
+  };
+  const int n = num_workers(tasks);
+  std::vector<std::thread> threads;
+  for (int i = 1; i < n; ++i) threads.emplace_back(worker);
+  worker();
+  for (auto& th : threads) th.join();
+}
+
+struct Fwd {
+  struct Scratch {
+    std::vector<float> qs, kt, vp, s, o, mx, sum;
+    std::vector<std::pair<int64_t, bool>> blocks;
+  };
+  const float *q, *k, *v;
+  float *out, *lse;
+  Shape sh;
+  Rule rule;
+  Meta m;
+  float scale;
+
+  void operator()(int64_t task, Scratch& w) const {
+    const int64_t b = task / sh.H, h = task % sh.H, HD = sh.H * sh.D, D = sh.D, pw = sh.pk.pw;
+    w.qs.resize(sh.bq * D);
+    w.kt.resize(D * sh.Sk);
+    w.vp.resize(sh.Sk * D);
+    w.s.resize(sh.bq * sh.Sk);
+    w.o.resize(sh.bq * D);
+    w.mx.resize(sh.bq);
+    w.sum.resize(sh.bq);
+    pack_cols(k, b, h, sh.Sk, sh.H, D, sh.pk, w.kt.data());
+    pack_rows(v, b, h, sh.Sk, sh.H, D, sh.pk, w.vp.data());
+    for (int64_t i = 0; i < sh.nqb; ++i) {
+      const int64_t q0 = i * sh.bq;
+      float* orow = out + ((b * sh.Sq + q0) * sh.H + h) * D;
+      float* lrow = lse + (b * sh.H + h) * sh.Sq + q0;
+      visible_blocks(rule, m, sh, b, i, w.blocks);
+      if (w.blocks.empty()) {
+        for (int64_t r = 0; r < sh.bq; ++r) {
+          std::memset(orow + r * HD, 0, D * sizeof(float));
+          lrow[r] = kNegInf;
+        }
+        continue;
+      }
+      const int64_t L = (int64_t)w.blocks.size() * sh.bk;
+      const float* qrow = q + ((b * sh.Sq + q0) * sh.H + h) * D;
+      for (int64_t r = 0; r < sh.bq; ++r)
+        for (int64_t d = 0; d < D; ++d) w.qs[r * D + d] = qrow[r * HD + d] * scale;
+      for (size_t c = 0; c < w.blocks.size(); ++c) {
+        const int64_t j = w.blocks[c].first;
+        float* sc = w.s.data() + c * sh.bk;
+        gemm(sh.pk, sh.bq, sh.bk, D, w.qs.data(), D, 1, w.kt.data() + j * sh.bk / pw * D * pw, D * pw,
+             sc, L, false);
+        if (w.blocks[c].second) apply_mask(sc, L, sh.bq, sh.bk, rule, m, b, sh, q0, j * sh.bk);
+      }
+      softmax_rows(w.s.data(), L, sh.bq, L, w.mx.data(), w.sum.data());
+      for (size_t c = 0; c < w.blocks.size(); ++c) {
+        const int64_t j = w.blocks[c].first;
+        gemm(sh.pk, sh.bq, D, sh.bk, w.s.data() + c * sh.bk, L, 1, w.vp.data() + j * sh.bk * pw,
+             sh.Sk * pw, w.o.data(), D, c > 0);
+      }
+      for (int64_t r = 0; r < sh.bq; ++r) {
+        const float l = w.sum[r];
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (int64_t d = 0; d < D; ++d) orow[r * HD + d] = w.o[r * D + d] * inv;
+        lrow[r] = l > 0.0f ? w.mx[r] + std::log(l) : kNegInf;
+      }
+    }
+  }
+};
+
+struct Bwd {
+  struct Scratch {
+    std::vector<float> qs, kt, vt, kp, qp, dop, s, dp, delta, lse, dk, dv;
+    std::vector<std::pair<int64_t, bool>> blocks;
+  };
+  const float *q, *k, *v, *out, *lse, *dout, *dlse;
+  float *dq, *dk, *dv;
+  Shape sh;
+  Rule rule;
+  Meta m;
+  float scale;
+
+  void operator()(int64_t task, Scratch& w) const {
+    const int64_t b = task / sh.H, h = task % sh.H, HD = sh.H * sh.D, D = sh.D, pw = sh.pk.pw;
+    w.qs.resize(sh.bq * D);
+    for (auto* x : {&w.kt, &w.vt, &w.kp, &w.dk, &w.dv}) x->resize(sh.Sk * D);
+    w.qp.resize(sh.Sq * D);
+    w.dop.resize(sh.Sq * D);
+    w.s.resize(sh.bq * sh.Sk);
+    w.dp.resize(sh.bq * sh.Sk);
+    w.delta.resize(sh.bq);
+    w.lse.resize(sh.bq);
+    pack_cols(k, b, h, sh.Sk, sh.H, D, sh.pk, w.kt.data());
+    pack_cols(v, b, h, sh.Sk, sh.H, D, sh.pk, w.vt.data());
+    pack_rows(k, b, h, sh.Sk, sh.H, D, sh.pk, w.kp.data());
+    pack_rows(q, b, h, sh.Sq, sh.H, D, sh.pk, w.qp.data());
+    pack_rows(dout, b, h, sh.Sq, sh.H, D, sh.pk, w.dop.data());
+    std::fill(w.dk.begin(), w.dk.end(), 0.0f);
+    std::fill(w.dv.begin(), w.dv.end(), 0.0f);
+    for (int64_t i = 0; i < sh.nqb; ++i) {
+      const int64_t q0 = i * sh.bq, row0 = ((b * sh.Sq + q0) * sh.H + h) * D;
+      float* dqrow = dq + row0;
+      visible_blocks(rule, m, sh, b, i, w.blocks);
+      if (w.blocks.empty()) {
+        for (int64_t r = 0; r < sh.bq; ++r) std::memset(dqrow + r * HD, 0, D * sizeof(float));
+        continue;
+      }
+      const int64_t L = (int64_t)w.blocks.size() * sh.bk;
+      const float *qrow = q + row0, *dorow = dout + row0, *orow = out + row0;
+      const float* lrow = lse + (b * sh.H + h) * sh.Sq + q0;
+      const float* dlrow = dlse + (b * sh.H + h) * sh.Sq + q0;
+      for (int64_t r = 0; r < sh.bq; ++r) {
+        float acc = 0.0f;
+        for (int64_t d = 0; d < D; ++d) {
+          w.qs[r * D + d] = qrow[r * HD + d] * scale;
+          acc += dorow[r * HD + d] * orow[r * HD + d];
+        }
+        w.delta[r] = acc - dlrow[r];
+        w.lse[r] = lrow[r];
+      }
+      for (size_t c = 0; c < w.blocks.size(); ++c) {
+        const int64_t j = w.blocks[c].first, col = j * sh.bk / pw * D * pw;
+        float* sc = w.s.data() + c * sh.bk;
+        gemm(sh.pk, sh.bq, sh.bk, D, w.qs.data(), D, 1, w.kt.data() + col, D * pw, sc, L, false);
+        if (w.blocks[c].second) apply_mask(sc, L, sh.bq, sh.bk, rule, m, b, sh, q0, j * sh.bk);
+        gemm(sh.pk, sh.bq, sh.bk, D, dorow, HD, 1, w.vt.data() + col, D * pw, w.dp.data() + c * sh.bk,
+             L, false);
+      }
+      for (int64_t r = 0; r < sh.bq; ++r) {
+        float* s = w.s.data() + r * L;
+        float* dp = w.dp.data() + r * L;
+        if (w.lse[r] == kNegInf) {  // the row saw no key: p = 0
+          std::memset(s, 0, L * sizeof(float));
+          std::memset(dp, 0, L * sizeof(float));
+          continue;
+        }
+        const float l = w.lse[r], dl = w.delta[r];
+        for (int64_t c = 0; c < L; c += W) {
+          const vf p = vexp(load(s + c) - l);
+          store(s + c, p);
+          store(dp + c, p * (load(dp + c) - dl) * scale);
+        }
+      }
+      for (size_t c = 0; c < w.blocks.size(); ++c) {
+        const int64_t j = w.blocks[c].first, k0 = j * sh.bk;
+        const float* ds = w.dp.data() + c * sh.bk;
+        const float* p = w.s.data() + c * sh.bk;
+        // dQ = dS K, dK += dSᵀ Q, dV += Pᵀ dO
+        gemm(sh.pk, sh.bq, D, sh.bk, ds, L, 1, w.kp.data() + k0 * pw, sh.Sk * pw, dqrow, HD, c > 0);
+        gemm(sh.pk, sh.bk, D, sh.bq, ds, 1, L, w.qp.data() + q0 * pw, sh.Sq * pw, w.dk.data() + k0 * D, D, true);
+        gemm(sh.pk, sh.bk, D, sh.bq, p, 1, L, w.dop.data() + q0 * pw, sh.Sq * pw, w.dv.data() + k0 * D, D, true);
+      }
+    }
+    float* dkb = dk + (b * sh.Sk * sh.H + h) * D;
+    float* dvb = dv + (b * sh.Sk * sh.H + h) * D;
+    for (int64_t s = 0; s < sh.Sk; ++s) {
+      std::memcpy(dkb + s * HD, w.dk.data() + s * D, D * sizeof(float));
+      std::memcpy(dvb + s * HD, w.dv.data() + s * D, D * sizeof(float));
+    }
+  }
+};
+
+ffi::Error check_shapes(const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F32>& k,
+                        const ffi::Buffer<ffi::F32>& v, const ffi::Buffer<ffi::S8>& bmap,
+                        int64_t bq, int64_t bk, Shape& sh) {
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), md = bmap.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || md.size() != 2)
+    return ffi::Error::InvalidArgument("flash_cpu: q/k/v must be [B, S, H, D], the block map 2-D");
+  sh = Shape{qd[0], qd[1], kd[1], qd[2], qd[3], bq, bk, 0, 0};
+  if (kd[0] != sh.B || kd[2] != sh.H || kd[3] != sh.D || vd[0] != kd[0] || vd[1] != kd[1] ||
+      vd[2] != kd[2] || vd[3] != kd[3])
+    return ffi::Error::InvalidArgument("flash_cpu: q, k, v disagree on batch, heads or head dim");
+  if (sh.D % 16 || bq <= 0 || bk % 16 || bk <= 0 || sh.Sq % bq || sh.Sk % bk)
+    return ffi::Error::InvalidArgument("flash_cpu: head dim and key block must be multiples of 16 "
+                                       "and the blocks must divide the lengths");
+  sh.nqb = sh.Sq / bq;
+  sh.nkb = sh.Sk / bk;
+  sh.pk = Panels{1, W};
+  for (int nv = NV_MAX; nv > 1; --nv)
+    if (sh.D % (nv * W) == 0 && bk % (nv * W) == 0) {
+      sh.pk = Panels{nv, nv * W};
+      break;
+    }
+  if (md[0] != sh.nqb || md[1] != sh.nkb)
+    return ffi::Error::InvalidArgument("flash_cpu: block map shape does not match the blocks");
+  return ffi::Error::Success();
+}
+
+Meta make_meta(const ffi::Buffer<ffi::S32>& qm, const ffi::Buffer<ffi::S32>& km,
+               const ffi::Buffer<ffi::S32>& qseg, const ffi::Buffer<ffi::S32>& kseg,
+               const ffi::Buffer<ffi::S8>& bmap, const Shape& sh) {
+  const int32_t* q = qm.typed_data();
+  const int32_t* k = km.typed_data();
+  return Meta{q, q + sh.Sq, k, k + sh.Sk, k + 2 * sh.Sk, qseg.typed_data(), kseg.typed_data(),
+              bmap.typed_data()};
+}
+
+ffi::Error FwdImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                   ffi::Buffer<ffi::S32> q_meta, ffi::Buffer<ffi::S32> k_meta,
+                   ffi::Buffer<ffi::S32> q_seg, ffi::Buffer<ffi::S32> k_seg, ffi::Buffer<ffi::S8> bmap,
+                   int64_t causal, int64_t same_segment, int64_t window, int64_t persistent_window,
+                   int64_t block_q, int64_t block_k, ffi::ResultBuffer<ffi::F32> out,
+                   ffi::ResultBuffer<ffi::F32> lse) {
+  Shape sh;
+  if (auto e = check_shapes(q, k, v, bmap, block_q, block_k, sh); e.failure()) return e;
+  Fwd f{q.typed_data(), k.typed_data(), v.typed_data(), out->typed_data(), lse->typed_data(), sh,
+        Rule{causal != 0, same_segment != 0, window, persistent_window},
+        make_meta(q_meta, k_meta, q_seg, k_seg, bmap, sh), 1.0f / std::sqrt((float)sh.D)};
+  parallel_tasks(sh.B * sh.H, f);
+  return ffi::Error::Success();
+}
+
+ffi::Error BwdImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                   ffi::Buffer<ffi::F32> out, ffi::Buffer<ffi::F32> lse, ffi::Buffer<ffi::F32> dout,
+                   ffi::Buffer<ffi::F32> dlse, ffi::Buffer<ffi::S32> q_meta,
+                   ffi::Buffer<ffi::S32> k_meta, ffi::Buffer<ffi::S32> q_seg,
+                   ffi::Buffer<ffi::S32> k_seg, ffi::Buffer<ffi::S8> bmap, int64_t causal,
+                   int64_t same_segment, int64_t window, int64_t persistent_window, int64_t block_q,
+                   int64_t block_k, ffi::ResultBuffer<ffi::F32> dq, ffi::ResultBuffer<ffi::F32> dk,
+                   ffi::ResultBuffer<ffi::F32> dv) {
+  Shape sh;
+  if (auto e = check_shapes(q, k, v, bmap, block_q, block_k, sh); e.failure()) return e;
+  Bwd f{q.typed_data(), k.typed_data(), v.typed_data(), out.typed_data(), lse.typed_data(),
+        dout.typed_data(), dlse.typed_data(), dq->typed_data(), dk->typed_data(), dv->typed_data(),
+        sh, Rule{causal != 0, same_segment != 0, window, persistent_window},
+        make_meta(q_meta, k_meta, q_seg, k_seg, bmap, sh), 1.0f / std::sqrt((float)sh.D)};
+  parallel_tasks(sh.B * sh.H, f);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+#define NSL_RULE_ATTRS                                                                      \
+  .Attr<int64_t>("causal").Attr<int64_t>("same_segment").Attr<int64_t>("window")            \
+      .Attr<int64_t>("persistent_window").Attr<int64_t>("block_q").Attr<int64_t>("block_k")
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(NslFlashCpuFwd, FwdImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>() NSL_RULE_ATTRS
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(NslFlashCpuBwd, BwdImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>() NSL_RULE_ATTRS
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
