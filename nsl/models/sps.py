@@ -49,11 +49,12 @@ VARIANTS = ("sps", "twox_memory", "delayed_state", "reverse_sps", "standard")
 SLOT_VARIANTS = VARIANTS[:4]
 LAYOUTS = masks.ORDERS  # physical slot orders, `masks.Layout.grouped`
 # Default physical layout when `config.model.layout` is absent, measured on CPU (2 cores, 4 layers,
-# d 256, 4 heads, batch 8, w 64, the chunked path's row schedule with 128-tiles, README
-# "Benchmarks"): attention forward + backward per layer at 1024 tokens 0.70 s stream-major vs
-# 1.08 s interleaved (the temporary keys' band leaves whole tiles empty), at 256 tokens 0.08-0.11
-# vs 0.09 s; whole train steps were within noise of each other at both lengths (alternating
-# runs: 884/1055 vs 924/880 tok/s at 256, 657/751 vs 752/685 at 1024). One default, no threshold.
+# d 256, 4 heads, batch 8, w 64, README "SPS and its baselines"). With the CPU attention kernel
+# (64-tiles), attention forward + backward per layer at 2048 slots (1024 tokens) 0.37 s stream-major
+# vs 0.61 s interleaved (the temporary keys' band leaves whole tiles empty), at 512 slots 0.043 vs
+# 0.042 s; train steps (tok/s, 2026-12-04) at 1024 tokens 876/697/593 vs 694/614/643 (compare.py's
+# three rounds), at 256 and 512 within noise in alternating runs (753/775 vs 684/761; 716/874 vs
+# 760/738). No length favours interleaved, so one default, no threshold.
 DEFAULT_LAYOUT = "stream_major"
 
 P, T_ = masks.PERSISTENT, masks.TEMPORARY
