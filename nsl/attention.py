@@ -10,7 +10,10 @@ Implementations (DESIGN "Masks are data"; all evaluate `nsl.masks.visible`):
              with the online-softmax recurrence (flash attention, Dao et al. 2022/2023); on CPU
              one exact softmax per query chunk over its concatenated key chunks (`_rows`).
 - `splash` (TPU) and `pallas_gpu` (GPU): Pallas kernels from `nsl.kernels`.
-`auto` picks splash on TPU, pallas_gpu on GPU when the kernel package provides them, else chunked;
+- `flash_cpu` (CPU): the C++ XLA FFI kernel of `nsl.kernels.flash_cpu` (the row schedule's math,
+             1.7-2.5× faster than it forward + backward; README "Benchmarks").
+`auto` picks splash on TPU, pallas_gpu on GPU when the kernel package provides them, flash_cpu on
+CPU when it builds, else chunked;
 the platform is the context mesh's (`nsl.sharding.platform`), not the host's. Under `auto`, an
 attention the kernel cannot take (lengths off its tile grid, `Rule(block='earlier')`) runs chunked;
 an explicit kernel choice raises a `ConfigError` instead.

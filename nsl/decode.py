@@ -7,7 +7,7 @@ group per new token, both through the model's own `layers.Stack` with a `kv_cach
 (`trunk`; the same modules and parameter tree as training, scanned over the layers):
 
 - **prefill** runs the prompt's slots in the family's physical layout through the training path
-  (`nsl.attention.attend`, chunked on CPU) and writes every layer's K/V;
+  (`nsl.attention.attend`: the CPU kernel on CPU) and writes every layer's K/V;
 - **extend** / **decode** feed new groups (one, or a self-speculative round's k+1): queries are
   their slots, keys the cache plus their own, visibility the family's `masks.Rule` on explicit
   per-slot fields (positions are dynamic here), in `KVCache.attend` (attend_dense's softmax with
