@@ -138,10 +138,9 @@ def _kernel_module(impl: str):
 
 def _kernel_available(impl: str) -> bool:
   try:
-    mod = _kernel_module(impl)
+    return _kernel_module(impl).available()
   except ConfigError:
     return False
-  return mod.available() if impl == "flash_cpu" else True
 
 
 def merge_lse(out_a, lse_a, out_b, lse_b):

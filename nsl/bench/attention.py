@@ -186,7 +186,8 @@ def bench_one(name: str, slots: int, args, platform: str) -> dict:
   for impl in args.impls:
     native = KERNEL_PLATFORM.get(impl)
     if native is not None and platform != native:
-      rec["not_timed"][impl] = f"interpret mode on {platform}: a correctness tool, not a speed measurement"
+      rec["not_timed"][impl] = (f"a {native} kernel: not run on {platform}" if impl == "flash_cpu" else
+                                f"interpret mode on {platform}: a correctness tool, not a speed measurement")
       continue
     rec["block_by_impl"][impl] = args.block or attention.tile_size(impl)
     fn = _fwd_bwd(impl, rule, s, s, rec["block_by_impl"][impl])

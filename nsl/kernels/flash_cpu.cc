@@ -49,7 +49,7 @@ typedef float vfu __attribute__((vector_size(4 * W), aligned(4)));
 typedef int32_t vi __attribute__((vector_size(4 * W)));
 typedef int32_t viu __attribute__((vector_size(4 * W), aligned(4)));
 
-constexpr int8_t kEmpty = 0, kPartial = 1, kFull = 2;  // nsl.masks block-map codes
+constexpr int8_t kEmpty = 0, kPartial = 1;  // nsl.masks block-map codes (FULL = 2)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline vf load(const float* p) { return *reinterpret_cast<const vfu*>(p); }

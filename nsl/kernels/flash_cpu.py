@@ -21,9 +21,9 @@ build it (no compiler) warns once on stderr and keeps the chunked path.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import hashlib
-import math
 import os
 import platform
 import shutil
@@ -190,19 +190,16 @@ def attend(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = TILE, 
   return shard_over_mesh(local, mesh, q, k, v, (q_seg, k_seg))
 
 
+@dataclasses.dataclass(frozen=True)
 class _Spec:
   """Static arguments of one attention (hashable: custom_vjp's nondiff argument)."""
 
-  def __init__(self, rule, q_layout, k_layout, bq, bk, use_seg):
-    self.rule, self.q_layout, self.k_layout = rule, q_layout, k_layout
-    self.bq, self.bk, self.use_seg = bq, bk, use_seg
-    self._key = (rule, q_layout, k_layout, bq, bk, use_seg)
-
-  def __hash__(self):
-    return hash(self._key)
-
-  def __eq__(self, other):
-    return isinstance(other, _Spec) and self._key == other._key
+  rule: masks.Rule
+  q_layout: masks.Layout
+  k_layout: masks.Layout
+  bq: int
+  bk: int
+  use_seg: bool
 
   def operands(self):
     bmap, q_meta, k_meta = _static(self.rule, self.q_layout, self.k_layout, self.bq, self.bk)

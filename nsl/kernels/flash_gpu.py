@@ -114,6 +114,11 @@ def _check(q, k, v, q_slots, k_slots) -> None:
                       f"slots but q/k have {sq}/{sk}")
 
 
+def available() -> bool:
+  """Whether this kernel can run here: the Pallas/Triton modules imported, so yes (`nsl.attention` asks every kernel)."""
+  return True
+
+
 def supports(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = 128, block_k: int = 128) -> bool:
   """Whether `attend` takes these shapes (`attention_impl=auto` uses the chunked path otherwise)."""
   del rule

@@ -184,6 +184,11 @@ def _segment_ids(rule: masks.Rule, q_slots, k_slots, batch: int):
 # ----------------------------------------------------------------------------- public entry
 
 
+def available() -> bool:
+  """Whether this kernel can run here: the Pallas TPU modules imported, so yes (`nsl.attention` asks every kernel)."""
+  return True
+
+
 def supports(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = 512, block_k: int = 512) -> bool:
   """Whether `attend` takes this rule and these shapes: lengths in 128-lane blocks, no dynamic
   block-order rule, layouts as runs (`attention_impl=auto` uses the chunked path otherwise)."""
