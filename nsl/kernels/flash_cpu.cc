@@ -18,91 +18,16 @@
 // same id stays unmasked, one whose id ranges are disjoint is skipped (packed documents), and
 // any other is masked per element. The products are a register-blocked kernel (6 rows × 2-4
 // float vectors: GCC vector extensions, AVX2 or AVX-512 as the build host has).
-#include <algorithm>
-#include <atomic>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <limits>
-#include <thread>
-#include <vector>
-
-#include <sched.h>
-
+#include "cpu_simd.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-// One float vector of the build host: 16 lanes with AVX-512 (32 registers: 6 rows × 4 vectors
-// of accumulators), else 8 (AVX2, 16 registers: 6 rows × 2 vectors).
-#ifdef __AVX512F__
-constexpr int W = 16, NV_MAX = 4;
-#define NV_MAX_IS_4 1
-#else
-constexpr int W = 8, NV_MAX = 2;
-#define NV_MAX_IS_4 0
-#endif
-typedef float vf __attribute__((vector_size(4 * W)));
-typedef float vfu __attribute__((vector_size(4 * W), aligned(4)));
-typedef int32_t vi __attribute__((vector_size(4 * W)));
-typedef int32_t viu __attribute__((vector_size(4 * W), aligned(4)));
+using namespace nsl_cpu;
 
 constexpr int8_t kEmpty = 0, kPartial = 1;  // nsl.masks block-map codes (FULL = 2)
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-inline vf load(const float* p) { return *reinterpret_cast<const vfu*>(p); }
-inline vi loadi(const int32_t* p) { return *reinterpret_cast<const viu*>(p); }
-inline void store(float* p, vf x) { *reinterpret_cast<vfu*>(p) = x; }
-inline vf splat(float x) { return x - (vf){}; }
-
-// C[MR, 16·NV] (+)= Σ_k A(r, k) · B[k, :], with A(r, k) = A[r·rsa + k·csa] (any strides, so
-// Aᵀ is free) and B row-major with row stride ldb.
-template <int MR, int NV>
-inline void micro(int64_t K, const float* A, int64_t rsa, int64_t csa, const float* B, int64_t ldb,
-                  float* C, int64_t ldc, bool acc) {
-  vf c[MR][NV];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 4
-    for (int n = 0; n < NV; ++n) c[r][n] = acc ? load(C + r * ldc + W * n) : (vf){};
-  for (int64_t k = 0; k < K; ++k) {
-    const float* b = B + k * ldb;
-    vf bv[NV];
-#pragma GCC unroll 4
-    for (int n = 0; n < NV; ++n) bv[n] = load(b + W * n);
-    const float* a = A + k * csa;
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const float ar = a[r * rsa];
-#pragma GCC unroll 4
-      for (int n = 0; n < NV; ++n) c[r][n] += ar * bv[n];
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 4
-    for (int n = 0; n < NV; ++n) store(C + r * ldc + W * n, c[r][n]);
-}
-
-template <int NV>
-void gemm_panel(int64_t M, int64_t K, const float* A, int64_t rsa, int64_t csa, const float* B,
-                float* C, int64_t ldc, bool acc) {
-  constexpr int64_t ldb = NV * W;
-  int64_t m = 0;
-  for (; m + 6 <= M; m += 6) micro<6, NV>(K, A + m * rsa, rsa, csa, B, ldb, C + m * ldc, ldc, acc);
-  const float* a = A + m * rsa;
-  float* c = C + m * ldc;
-  switch (M - m) {
-    case 5: micro<5, NV>(K, a, rsa, csa, B, ldb, c, ldc, acc); break;
-    case 4: micro<4, NV>(K, a, rsa, csa, B, ldb, c, ldc, acc); break;
-    case 3: micro<3, NV>(K, a, rsa, csa, B, ldb, c, ldc, acc); break;
-    case 2: micro<2, NV>(K, a, rsa, csa, B, ldb, c, ldc, acc); break;
-    case 1: micro<1, NV>(K, a, rsa, csa, B, ldb, c, ldc, acc); break;
-    default: break;
-  }
-}
 
 // B operands are packed in column panels of nv·W floats: element (k, n) of a [K, N] operand at
 // B[(n / pw)·pstride + k·pw + n % pw]. A [S, H·D] tensor's rows (or a transposed [D, S] one's)
@@ -119,11 +44,11 @@ void gemm(const Panels& pk, int64_t M, int64_t N, int64_t K, const float* A, int
   for (int64_t n = 0, i = 0; n < N; n += pk.pw, ++i) {
     const float* b = B + i * pstride;
     switch (pk.nv) {
-      case 1: gemm_panel<1>(M, K, A, rsa, csa, b, C + n, ldc, acc); break;
-      case 2: gemm_panel<2>(M, K, A, rsa, csa, b, C + n, ldc, acc); break;
+      case 1: gemm_panel<1>(M, K, A, rsa, csa, b, 1 * W, C + n, ldc, acc); break;
+      case 2: gemm_panel<2>(M, K, A, rsa, csa, b, 2 * W, C + n, ldc, acc); break;
 #if NV_MAX_IS_4
-      case 3: gemm_panel<3>(M, K, A, rsa, csa, b, C + n, ldc, acc); break;
-      case 4: gemm_panel<4>(M, K, A, rsa, csa, b, C + n, ldc, acc); break;
+      case 3: gemm_panel<3>(M, K, A, rsa, csa, b, 3 * W, C + n, ldc, acc); break;
+      case 4: gemm_panel<4>(M, K, A, rsa, csa, b, 4 * W, C + n, ldc, acc); break;
 #endif
       default: break;
     }
@@ -149,28 +74,6 @@ void pack_cols(const float* x, int64_t b, int64_t h, int64_t S, int64_t H, int64
       const float* src = base + (s0 + i) * H * D;
       for (int64_t d = 0; d < D; ++d) dst[d * pk.pw + i] = src[d];
     }
-}
-
-// exp(x) for softmax arguments (x ≤ ~88): Cephes' expf polynomial (≈1 ulp), exactly 0 below
-// −87 (so masked −inf scores give p = 0, as the XLA paths do).
-inline vf vexp(vf x) {
-  const vi tiny = x < splat(-87.0f);
-  x = tiny ? splat(-87.0f) : x;
-  x = x > splat(88.0f) ? splat(88.0f) : x;
-  const vf t = x * 1.44269504088896341f + 12582912.0f;  // 1.5·2²³: round-to-nearest n in t's bits
-  const vf n = t - 12582912.0f;
-  vf r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  vf p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const vi pow2 = ((reinterpret_cast<const vi&>(t) - 0x4B400000) + 127) << 23;
-  const vf e = p * reinterpret_cast<const vf&>(pow2);
-  return tiny ? splat(0.0f) : e;
 }
 
 struct Rule {
@@ -264,28 +167,6 @@ void softmax_rows(float* S, int64_t ldS, int64_t rows, int64_t L, float* mx, flo
     for (int e = 0; e < W; ++e) t += vs[e];
     sum[r] = t;
   }
-}
-
-int num_workers(int64_t tasks) {
-  cpu_set_t set;
-  int n = 1;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) n = CPU_COUNT(&set);
-  return (int)std::max<int64_t>(1, std::min<int64_t>(n, tasks));
-}
-
-// Runs body(task, scratch) for every (b, h) task on the host's cores, one scratch per thread.
-template <typename Body>
-void parallel_tasks(int64_t tasks, Body body) {
-  std::atomic<int64_t> next{0};
-  auto worker = [&]() {
-    typename Body::Scratch scratch;
-    for (int64_t t; (t = next.fetch_add(1)) < tasks;) body(t, scratch);
-  };
-  const int n = num_workers(tasks);
-  std::vector<std::thread> threads;
-  for (int i = 1; i < n; ++i) threads.emplace_back(worker);
-  worker();
-  for (auto& th : threads) th.join();
 }
 
 struct Fwd {

@@ -1,4 +1,4 @@
-"""Block-sparse flash attention on the CPU: C++ XLA FFI kernels, built from `flash_cpu.cc` on first use.
+"""Block-sparse flash attention on the CPU: C++ XLA FFI kernels (`flash_cpu.cc`).
 
 The default CPU attention (`attention_impl=auto` on a CPU mesh) wherever it applies: float32
 q/k/v [B, S, H, D] with a head dim that is a multiple of 16, lengths that the 64-slot tiles (or
@@ -11,26 +11,15 @@ Why a kernel: XLA:CPU copies each key slice before a dot, and on 2 cores the chu
 1.11× the time of torch's fused causal SDPA at 1024 tokens (README "Benchmarks"); the kernel reads
 q/k/v in place and keeps a query block's scores in cache.
 
-Build: `c++ -O3 -march=native` (`$CXX` overrides the compiler) against jaxlib's FFI headers,
-into `$NSL_KERNEL_CACHE` (default `~/.cache/nsl/kernels`), named by a hash of the source, the
-flags, the jaxlib version and the CPU's feature flags, written atomically so concurrent processes share one build
-(`python -m nsl.kernels.flash_cpu` builds it ahead of time and prints where). A host that cannot
-build it (no compiler) warns once on stderr and keeps the chunked path.
+Built with the other CPU kernels by `nsl.kernels.cpu_build` (on first use, or by `make install`);
+a host that cannot build them (no compiler) warns once on stderr and keeps the chunked path.
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -38,84 +27,16 @@ import numpy as np
 
 from nsl import masks
 from nsl.errors import ConfigError
-from nsl.kernels import shard_over_mesh
+from nsl.kernels import cpu_build, shard_over_mesh
 
-SOURCE = Path(__file__).with_name("flash_cpu.cc")
 TILE = 64  # query and key tile: measured in README "Benchmarks" (64 vs 128 at 1024 causal)
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
-         "-Wno-attributes", "-Wno-return-type", "-pthread")
-TARGETS = {"fwd": "nsl_flash_cpu_fwd", "bwd": "nsl_flash_cpu_bwd"}
-
-
-def cache_dir() -> Path:
-  env = os.environ.get("NSL_KERNEL_CACHE")
-  if env:
-    return Path(env)
-  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return Path(base) / "nsl" / "kernels"
-
-
-def _compiler() -> str:
-  cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-  if not cxx:
-    raise OSError("no C++ compiler (set $CXX or install g++)")
-  return cxx
-
-
-def _host_features() -> str:
-  """The CPU's feature flags: `-march=native` code must not run on a host without them (a cache
-  directory shared between machines)."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      return next((line for line in f if line.startswith("flags")), platform.machine())
-  except OSError:
-    return platform.machine() + platform.processor()
-
-
-def library_path() -> Path:
-  """Where the build for this source, these flags, this jaxlib and this CPU lives (built or not)."""
-  import jaxlib
-  key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + jaxlib.__version__.encode()
-                       + _host_features().encode())
-  return cache_dir() / f"flash_cpu-{key.hexdigest()[:16]}.so"
-
-
-def build() -> Path:
-  """Compiles the kernel library if it is not cached yet; returns its path."""
-  path = library_path()
-  if path.exists():
-    return path
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
-  os.close(fd)
-  cmd = [_compiler(), *FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp]
-  try:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-      raise OSError(f"{' '.join(cmd)} failed: {proc.stderr.strip()[-2000:]}")
-    os.replace(tmp, path)  # atomic: a concurrent build of the same source lands the same bytes
-  finally:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-  return path
-
-
-@functools.lru_cache(maxsize=None)
-def _load() -> str | None:
-  """Builds, loads and registers the FFI targets once per process; the failure reason or None."""
-  try:
-    lib = ctypes.cdll.LoadLibrary(str(build()))
-  except OSError as e:
-    return str(e)
-  jax.ffi.register_ffi_target(TARGETS["fwd"], jax.ffi.pycapsule(lib.NslFlashCpuFwd), platform="cpu")
-  jax.ffi.register_ffi_target(TARGETS["bwd"], jax.ffi.pycapsule(lib.NslFlashCpuBwd), platform="cpu")
-  return None
+TARGETS = {"fwd": "nsl_flash_cpu_fwd", "bwd": "nsl_flash_cpu_bwd"}  # registered by cpu_build
 
 
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
   """Whether the kernel library builds and loads here; warns once (stderr) when it does not."""
-  reason = _load()
+  reason = cpu_build.load()
   if reason is not None:
     print(f"nsl: the CPU attention kernel is unavailable ({reason.splitlines()[0]}); "
           "attention runs the chunked XLA path", file=sys.stderr)
@@ -174,7 +95,7 @@ def attend(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = TILE, 
   """`nsl.attention.attend` on the CPU kernel: out [B, Sq, H, D], lse [B, H, Sq] (float32)."""
   bq, bk = _check(q, k, v, rule, q_slots, k_slots, block_q, block_k)
   if not available():
-    raise ConfigError(f"model.attention_impl='flash_cpu' is unavailable here ({_load()}); use 'chunked'")
+    raise ConfigError(f"model.attention_impl='flash_cpu' is unavailable here ({cpu_build.load()}); use 'chunked'")
   b = q.shape[0]
   use_seg = rule.same_segment and q_slots.segment is not None and k_slots.segment is not None
   seg = lambda s, n: (jnp.broadcast_to(jnp.asarray(s, jnp.int32), (b, n)) if use_seg
@@ -245,15 +166,3 @@ def _flash_bwd(spec, res, cts):
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
-
-
-def _main() -> None:
-  """`python -m nsl.kernels.flash_cpu`: build the kernel now (install step); prints its path."""
-  try:
-    print(build())
-  except OSError as e:
-    raise SystemExit(f"nsl.kernels.flash_cpu: build failed: {e}")
-
-
-if __name__ == "__main__":
-  _main()

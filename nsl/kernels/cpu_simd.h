@@ -1,0 +1,138 @@
+// What nsl's CPU kernels share: the build host's float vectors (GCC vector extensions), the
+// register-blocked product micro-kernel, a vector exp, and a task pool over the host's cores.
+// Included by flash_cpu.cc and head_cpu.cc, which `nsl.kernels.cpu_build` compiles into one library.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include <sched.h>
+
+namespace nsl_cpu {
+
+// One float vector of the build host: 16 lanes with AVX-512 (32 registers: 6 rows × 4 vectors
+// of accumulators), else 8 (AVX2, 16 registers: 6 rows × 2 vectors).
+#ifdef __AVX512F__
+constexpr int W = 16, NV_MAX = 4;
+#define NV_MAX_IS_4 1
+#else
+constexpr int W = 8, NV_MAX = 2;
+#define NV_MAX_IS_4 0
+#endif
+typedef float vf __attribute__((vector_size(4 * W)));
+typedef float vfu __attribute__((vector_size(4 * W), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(4 * W)));
+typedef int32_t viu __attribute__((vector_size(4 * W), aligned(4)));
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline vf load(const float* p) { return *reinterpret_cast<const vfu*>(p); }
+inline vi loadi(const int32_t* p) { return *reinterpret_cast<const viu*>(p); }
+inline void store(float* p, vf x) { *reinterpret_cast<vfu*>(p) = x; }
+inline vf splat(float x) { return x - (vf){}; }
+
+// C[MR, 16·NV] (+)= Σ_k A(r, k) · B[k, :], with A(r, k) = A[r·rsa + k·csa] (any strides, so
+// Aᵀ is free) and B row-major with row stride ldb.
+template <int MR, int NV>
+inline void micro(int64_t K, const float* A, int64_t rsa, int64_t csa, const float* B, int64_t ldb,
+                  float* C, int64_t ldc, bool acc) {
+  vf c[MR][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int n = 0; n < NV; ++n) c[r][n] = acc ? load(C + r * ldc + W * n) : (vf){};
+  for (int64_t k = 0; k < K; ++k) {
+    const float* b = B + k * ldb;
+    vf bv[NV];
+#pragma GCC unroll 4
+    for (int n = 0; n < NV; ++n) bv[n] = load(b + W * n);
+    const float* a = A + k * csa;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const float ar = a[r * rsa];
+#pragma GCC unroll 4
+      for (int n = 0; n < NV; ++n) c[r][n] += ar * bv[n];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int n = 0; n < NV; ++n) store(C + r * ldc + W * n, c[r][n]);
+}
+
+// C[M, 16·NV] (+)= A(M×K) · B: `micro` over 6-row groups and the tail.
+template <int NV>
+void gemm_panel(int64_t M, int64_t K, const float* A, int64_t rsa, int64_t csa, const float* B,
+                int64_t ldb, float* C, int64_t ldc, bool acc) {
+  int64_t m = 0;
+  for (; m + 6 <= M; m += 6) micro<6, NV>(K, A + m * rsa, rsa, csa, B, ldb, C + m * ldc, ldc, acc);
+  const float* a = A + m * rsa;
+  float* c = C + m * ldc;
+  switch (M - m) {
+    case 5: micro<5, NV>(K, a, rsa, csa, B, ldb, c, ldc, acc); break;
+    case 4: micro<4, NV>(K, a, rsa, csa, B, ldb, c, ldc, acc); break;
+    case 3: micro<3, NV>(K, a, rsa, csa, B, ldb, c, ldc, acc); break;
+    case 2: micro<2, NV>(K, a, rsa, csa, B, ldb, c, ldc, acc); break;
+    case 1: micro<1, NV>(K, a, rsa, csa, B, ldb, c, ldc, acc); break;
+    default: break;
+  }
+}
+
+// exp(x) for softmax arguments (x ≤ ~88): Cephes' expf polynomial (≈1 ulp), exactly 0 below
+// −87 (so masked −inf scores give p = 0, as the XLA paths do).
+inline vf vexp(vf x) {
+  const vi tiny = x < splat(-87.0f);
+  x = tiny ? splat(-87.0f) : x;
+  x = x > splat(88.0f) ? splat(88.0f) : x;
+  const vf t = x * 1.44269504088896341f + 12582912.0f;  // 1.5·2²³: round-to-nearest n in t's bits
+  const vf n = t - 12582912.0f;
+  vf r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  vf p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const vi pow2 = ((reinterpret_cast<const vi&>(t) - 0x4B400000) + 127) << 23;
+  const vf e = p * reinterpret_cast<const vf&>(pow2);
+  return tiny ? splat(0.0f) : e;
+}
+
+inline int num_workers(int64_t tasks) {
+  cpu_set_t set;
+  int n = 1;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) n = CPU_COUNT(&set);
+  return (int)std::max<int64_t>(1, std::min<int64_t>(n, tasks));
+}
+
+// Runs fn(task, worker) for every task in [0, tasks) on the host's cores (tasks taken in order as
+// workers free up; worker in [0, workers), workers = num_workers(tasks)).
+template <typename Fn>
+void parallel_for(int64_t tasks, int workers, Fn fn) {
+  std::atomic<int64_t> next{0};
+  auto worker = [&](int w) {
+    for (int64_t t; (t = next.fetch_add(1)) < tasks;) fn(t, w);
+  };
+  std::vector<std::thread> threads;
+  for (int i = 1; i < workers; ++i) threads.emplace_back(worker, i);
+  worker(0);
+  for (auto& th : threads) th.join();
+}
+
+// Runs body(task, scratch) for every task on the host's cores, one Body::Scratch per worker.
+template <typename Body>
+void parallel_tasks(int64_t tasks, Body body) {
+  const int n = num_workers(tasks);
+  std::vector<typename Body::Scratch> scratch(n);
+  parallel_for(tasks, n, [&](int64_t t, int w) { body(t, scratch[w]); });
+}
+
+}  // namespace nsl_cpu

@@ -1,0 +1,90 @@
+"""The tied head and its cross-entropy on the CPU in one C++ XLA FFI call (`head_cpu.cc`).
+
+`nsl.models.layers.head_cross_entropy` runs this on a single-device CPU computation whenever
+d_model and the vocabulary are multiples of the kernel's panel width (16 with AVX2, 64 with
+AVX-512; the GPT-2 vocabulary of 50,304 is both), and its chunked XLA scan otherwise (a mesh of
+several devices included: the call is opaque to the partitioner). Same contract: the weighted mean
+NLL and the weight sum, the gradients of h and E formed in the forward pass (the loss ends the
+graph; the custom VJP only scales them). Math and schedule: `head_cpu.cc`'s docstring.
+
+Why: the 50k-way head is ~78% of a small model's FLOPs per token; XLA:CPU runs the scan's dots at
+~80 GFLOP/s on 2 cores (head + loss forward and backward at 2048 rows), the kernel keeps its
+products in the register-blocked micro-kernel (README "Benchmarks").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from nsl.kernels import cpu_build
+
+TARGET = "nsl_head_cpu"  # registered by cpu_build
+
+
+@functools.lru_cache(maxsize=None)
+def panel_width() -> int | None:
+  """The width d_model and the vocabulary must be multiples of; None when the kernel is unavailable."""
+  if cpu_build.load() is not None:
+    return None
+  return int(ctypes.cdll.LoadLibrary(str(cpu_build.library_path())).NslHeadCpuPanelWidth())
+
+
+def supports(h_ND, embedding_VD) -> bool:
+  """Whether `cross_entropy` takes this head: a CPU computation on one device, floating inputs,
+  d_model and vocabulary multiples of `panel_width()`."""
+  if jax.default_backend() != "cpu":
+    return False
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty and mesh.size > 1:
+    return False
+  if not (jnp.issubdtype(h_ND.dtype, jnp.floating) and jnp.issubdtype(embedding_VD.dtype, jnp.floating)):
+    return False
+  pw = panel_width()
+  v, d = embedding_VD.shape
+  return pw is not None and d % pw == 0 and v % pw == 0 and h_ND.shape[1] == d
+
+
+def cross_entropy(h_ND, embedding_VD, targets_N, weights_N, scale: float = 1.0):
+  """Weighted mean NLL of `scale · h Eᵀ` and the weight sum (`layers.head_cross_entropy`'s contract)."""
+  if (reason := cpu_build.load()) is not None:
+    raise RuntimeError(f"the CPU head kernel is unavailable: {reason}")
+  return _head(h_ND, embedding_VD, targets_N, weights_N, float(scale))
+
+
+def _call(h_ND, embedding_VD, targets_N, weights_N, scale, grads: bool):
+  n, d = h_ND.shape
+  weight = jnp.sum(weights_N.astype(jnp.float32))
+  inv_w = 1.0 / jnp.maximum(weight, 1.0)
+  coef = weights_N.astype(jnp.float32) * (inv_w * scale)
+  out = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+  shapes = (out(n), out(n, d), out(*embedding_VD.shape)) if grads else (out(n), out(0), out(0))
+  call = jax.ffi.ffi_call(TARGET, shapes, vmap_method="sequential")
+  nll, d_h, d_e = call(h_ND.astype(jnp.float32), embedding_VD.astype(jnp.float32),
+                       targets_N.astype(jnp.int32), coef, scale=np.float32(scale), grads=np.int64(grads))
+  loss = jnp.sum(nll * weights_N.astype(jnp.float32)) * inv_w
+  return loss, weight, d_h, d_e
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _head(h_ND, embedding_VD, targets_N, weights_N, scale):
+  return _call(h_ND, embedding_VD, targets_N, weights_N, scale, grads=False)[:2]
+
+
+def _head_fwd(h_ND, embedding_VD, targets_N, weights_N, scale):
+  loss, weight, d_h, d_e = _call(h_ND, embedding_VD, targets_N, weights_N, scale, grads=True)
+  return (loss, weight), (d_h.astype(h_ND.dtype), d_e.astype(embedding_VD.dtype), targets_N, weights_N)
+
+
+def _head_bwd(scale, res, cts):
+  d_h, d_e, targets_N, weights_N = res
+  g_loss, _ = cts  # the weight sum does not depend on h or E
+  return (g_loss * d_h).astype(d_h.dtype), (g_loss * d_e).astype(d_e.dtype), \
+      np.zeros(targets_N.shape, jax.dtypes.float0), jnp.zeros_like(weights_N)
+
+
+_head.defvjp(_head_fwd, _head_bwd)
