@@ -1,5 +1,6 @@
 """KV-cache generation equals recomputing the whole sequence, for standard and every SPS variant."""
 
+import re
 
 import flax.linen as nn
 import jax
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from nsl import decode
+from nsl.kernels import decode_cpu
 from nsl.models import registry
 from tests import hlo as hlo_text
 from tests.helpers import tiny_config
@@ -182,14 +184,16 @@ def _compiled_decode_loop(variant="standard", window=None, family="standard"):
   return hlo, cache
 
 
-def test_decode_loop_copies_no_cache_inside_its_loops():
+@pytest.mark.parametrize("variant,window,family", [("standard", None, "standard"), ("sps", 3, "sps")])
+def test_decode_loop_copies_no_cache_inside_its_loops(variant, window, family):
   """The token loop runs on the cache's per-layer form (`KVCache.per_layer`) and each layer's
   K/V write is ordered after that layer's reads (`write_kv(after=...)`): inside the compiled
   loop no whole cache and no layer's K or V buffer is copied; the per-layer split and the
   restacking happen once, in the entry. (Scattering into the full cache through the layer scan
   copied it twice per layer; unordered per-layer writes copied each layer's buffer twice per
-  token: an XS decode step 1.4x resp. 1.8x slower.)"""
-  hlo, cache = _compiled_decode_loop()
+  token: an XS decode step 1.4x resp. 1.8x slower.) SPS writes two entries per layer (x_i's
+  persistent one, ρ_i's in the ring), one in-place update each, still without a copy."""
+  hlo, cache = _compiled_decode_loop(variant, window, family)
   shapes = {hlo_text.shape(a) for a in (cache.k.shape, cache.v.shape, cache.k.shape[1:], cache.v.shape[1:])}
   in_loop = hlo_text.copies_outside_entry(hlo, shapes)
   assert "while" in hlo and not in_loop, in_loop
@@ -198,7 +202,7 @@ def test_decode_loop_copies_no_cache_inside_its_loops():
 @pytest.mark.parametrize("variant,window,family", [("standard", None, "standard"), ("sps", 3, "sps")])
 def test_decode_attention_reads_each_layer_slice_as_stored(variant, window, family):
   """Inside the compiled decode loop the only arrays as large as one layer's K or V are the
-  layers' in-place updates (K [B, H, Dh, S], V [B, H, S, Dh], one of each per layer): the new
+  layers' in-place updates (K [B, H, Dh, S], V [B, H, S, Dh], one of each per written slot and layer): the new
   slots' keys are scored apart, not concatenated to the cache, and no layer's K/V is transposed
   or sliced out of a stacked array (a slot-major cache concatenated with the new keys made XLA
   transpose-copy every layer's K and V on every token, ~70% of an XS decode step on CPU; a layer
@@ -207,8 +211,8 @@ def test_decode_attention_reads_each_layer_slice_as_stored(variant, window, fami
   k_l, v_l = cache.k.shape[1:], cache.v.shape[1:]
   big = hlo_text.large_values_in_loops(hlo, int(np.prod(k_l)))
   assert set(big) <= {hlo_text.shape(k_l), hlo_text.shape(v_l)}, sorted(set(big))
-  n_layers = cache.k.shape[0]
-  assert big.count(hlo_text.shape(k_l)) == big.count(hlo_text.shape(v_l)) == n_layers, big  # one update per layer each
+  writes = cache.k.shape[0] * len(cache.kinds)  # a step writes every slot of its group, in every layer
+  assert big.count(hlo_text.shape(k_l)) == big.count(hlo_text.shape(v_l)) == writes, big
 
 
 def test_sps_decode_step_computes_the_head_for_the_read_out_slot_only():
@@ -221,18 +225,44 @@ def test_sps_decode_step_computes_the_head_for_the_read_out_slot_only():
   assert heads == ["f32[2,264]"], heads
 
 
+def _decode_attention_calls(hlo):
+  """The q shapes [B, Q, H, Dh] of the compiled loop's `nsl.kernels.decode_cpu` calls."""
+  return [re.match(r"\S+ = \((f32\[[\d,]*\])", line).group(1) for lines in hlo_text.computations(hlo)[0].values()
+          for line in lines if 'custom_call_target="nsl_decode_cpu"' in line]
+
+
 def test_sps_decode_step_runs_the_last_layer_for_the_read_out_slot_only():
   """Nothing reads the x slot's output of the last layer (only its K/V, written there), so the
   compiled SPS step runs that layer's queries and MLP on the B read-out rows and every other
-  layer's on the B x 2 slots; each query scores the cached keys as its own product (a
-  matrix-vector product per query: XLA:CPU's two-row product was ~2x slower at XS)."""
+  layer's on the B x 2 slots. On the CPU each layer's cached attention is one
+  `nsl.kernels.decode_cpu` call that reads the layer's K/V once for both of its queries (XLA read
+  them once per query: 1.4 ms a layer at XS against 0.7 ms for the standard model's one)."""
   hlo, cache = _compiled_decode_loop("sps", 3, "sps")
   fam, _ = _family("sps", 3, init=False)
-  n, b, h, f = fam.dims.n_layers, cache.k.shape[1], fam.dims.n_heads, fam.dims.d_ff
+  n, b, h, f, dh = fam.dims.n_layers, cache.k.shape[1], fam.dims.n_heads, fam.dims.d_ff, fam.dims.head_dim
   comps, _ = hlo_text.computations(hlo)
   dots = [hlo_text.made(line)[0] for lines in comps.values() for line in lines if hlo_text.made(line)[1] == "dot"]
   mlp_in = sorted(kind for kind in dots if kind.startswith("f32[") and kind.endswith(f",{f}]"))
   assert mlp_in == sorted([hlo_text.shape((b, f))] * 2 + [hlo_text.shape((2 * b, f))] * 2 * (n - 1)), mlp_in
+  assert decode_cpu.supports(jnp.zeros((b, 2, h, dh)), cache.k[0])  # the test model's shapes take the kernel here
+  assert sorted(_decode_attention_calls(hlo)) == sorted([hlo_text.shape((b, 2, h, dh))] * (n - 1)
+                                                        + [hlo_text.shape((b, 1, h, dh))])
+
+
+def test_sps_decode_attention_without_the_kernel_scores_each_query_as_a_gemv(monkeypatch):
+  """Where the CPU kernel does not apply (no compiler, bfloat16, another head dim), each query
+  scores the cached keys as its own matrix-vector product: XLA:CPU's two-row product was ~2x
+  slower at XS (`kv_cache.GEMV_QUERIES`)."""
+  monkeypatch.setattr(decode_cpu, "supports", lambda *a: False)
+  jax.clear_caches()  # the jitted decode loop was traced with the kernel by the tests before
+  try:
+    hlo, cache = _compiled_decode_loop("sps", 3, "sps")
+  finally:
+    jax.clear_caches()
+  n, b, h = cache.k.shape[0], cache.k.shape[1], cache.k.shape[2]
+  dots = [hlo_text.made(line)[0] for lines in hlo_text.computations(hlo)[0].values() for line in lines
+          if hlo_text.made(line)[1] == "dot"]
+  assert not _decode_attention_calls(hlo)
   assert dots.count(hlo_text.shape((b, h, 1, cache.size))) == 2 * n - 1, dots
 
 

@@ -1,4 +1,4 @@
-"""Builds and loads nsl's C++ CPU kernels (`flash_cpu.cc`, `head_cpu.cc`, `cpu_simd.h`) as one library.
+"""Builds and loads nsl's C++ CPU kernels (`flash_cpu.cc`, `head_cpu.cc`, `decode_cpu.cc`, `cpu_simd.h`) as one library.
 
 Build: `c++ -O3 -march=native` (`$CXX` overrides the compiler) against jaxlib's FFI headers, into
 `$NSL_KERNEL_CACHE` (default `~/.cache/nsl/kernels`), named by a hash of the sources, the flags,
@@ -23,13 +23,13 @@ from pathlib import Path
 import jax
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "flash_cpu.cc", HERE / "head_cpu.cc")
+SOURCES = (HERE / "flash_cpu.cc", HERE / "head_cpu.cc", HERE / "decode_cpu.cc")
 HEADERS = (HERE / "cpu_simd.h",)
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
          "-Wno-attributes", "-Wno-return-type", "-pthread")
 # FFI target name -> the handler symbol the library exports
 TARGETS = {"nsl_flash_cpu_fwd": "NslFlashCpuFwd", "nsl_flash_cpu_bwd": "NslFlashCpuBwd",
-           "nsl_head_cpu": "NslHeadCpu"}
+           "nsl_head_cpu": "NslHeadCpu", "nsl_decode_cpu": "NslDecodeCpu"}
 
 
 def cache_dir() -> Path:

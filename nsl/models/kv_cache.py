@@ -47,11 +47,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from nsl import masks
+from nsl.kernels import decode_cpu
 
 # Up to this many queries per step score the cached keys one matrix-vector product each (Eigen's
 # GEMV): XLA:CPU hands a 2-row product to YNNPACK, which at XS took 1.4 ms a layer against 0.47 +
 # 0.18 ms for two GEMVs (the second finds the layer's K in L3). SPS steps have 2; a speculative round more.
 GEMV_QUERIES = 4
+# A step of up to this many slots writes them with one dynamic-update-slice each (`_write_slots`).
+DUS_SLOTS = 4
 EMPTY = -1  # segment of an unwritten entry: equal to no query's document id (those are >= 0)
 
 
@@ -204,7 +207,12 @@ class KVCache:
       mask = masks.visible(rule, q_meta, {n: a[..., None, :] for n, a in k_fields.items()})
       return jnp.broadcast_to(mask, (q.shape[0], q.shape[1], num_keys))[:, None]
 
-    parts = [(self.k[layer], self.v[layer], visible(cached, self.size), True),
+    k_c, v_c = self.k[layer], self.v[layer]
+    if decode_cpu.supports(q, k_c):  # each K/V read once for all the step's queries (decode_cpu.py)
+      out, lse = decode_cpu.attend(q, k_c, v_c, visible(cached, self.size)[:, 0], k_new, v_new,
+                                   visible(step.fields(), k_new.shape[1])[:, 0])
+      return (out.astype(q.dtype), lse) if return_lse else out.astype(q.dtype)
+    parts = [(k_c, v_c, visible(cached, self.size), True),
              (k_new, v_new, visible(step.fields(), k_new.shape[1]), False)]
     return attend_parts(q, parts, return_lse)
 
@@ -224,15 +232,32 @@ class KVCache:
       if after is not None:  # `after` of only some slots (a last layer's `queries`): one row orders it as well
         zero = 0.0 * (after if after.shape == k_new.shape else jnp.sum(after, 1, keepdims=True)).astype(k_new.dtype)
         k_new, v_new = k_new + zero, v_new + zero
-      k_t, v_t = head_major(k_new, v_new)
-      k_l = self.k[layer].at[..., step.write].set(k_t.astype(self.k[layer].dtype), mode="drop")
-      v_l = self.v[layer].at[:, :, step.write].set(v_t.astype(self.v[layer].dtype), mode="drop")
+      k_t, v_t = head_major(k_new.astype(self.k[layer].dtype), v_new.astype(self.v[layer].dtype))
+      if k_t.shape[-1] <= DUS_SLOTS:
+        k_l, v_l = self._write_slots(self.k[layer], self.v[layer], k_t, v_t, step.write)
+      else:
+        k_l = self.k[layer].at[..., step.write].set(k_t, mode="drop")
+        v_l = self.v[layer].at[:, :, step.write].set(v_t, mode="drop")
       put = lambda t, a: t[:layer] + (a,) + t[layer + 1:]
       return self.replace(k=put(self.k, k_l), v=put(self.v, v_l))
     # k [L, B, H, Dh, S]: layer and slot indices are separated, so the update is [S, B, H, Dh]
     k = self.k.at[layer, :, :, :, step.write].set(jnp.swapaxes(k_new, 0, 1).astype(self.k.dtype), mode="drop")
     v = self.v.at[layer, :, :, step.write].set(jnp.swapaxes(v_new, 0, 1).astype(self.v.dtype), mode="drop")
     return self.replace(k=k, v=v)
+
+  def _write_slots(self, k_l, v_l, k_t, v_t, write):
+    """One layer's K [B, H, Dh, S] / V [B, H, S, Dh] with new slot j's K/V written at entry
+    write[j] (skipped when out of range), one in-place dynamic-update-slice per slot. Why: a step
+    of several slots (SPS: the persistent x_i and the ring's ρ_i) was a scatter, which XLA:CPU
+    runs element by element."""
+    for j in range(k_t.shape[-1]):
+      at = jnp.minimum(write[j], self.size - 1)
+      keep = write[j] < self.size
+      k_j = jnp.where(keep, k_t[..., j:j + 1], jax.lax.dynamic_slice_in_dim(k_l, at, 1, axis=-1))
+      v_j = jnp.where(keep, v_t[..., j:j + 1, :], jax.lax.dynamic_slice_in_dim(v_l, at, 1, axis=-2))
+      k_l = jax.lax.dynamic_update_slice_in_dim(k_l, k_j, at, axis=-1)
+      v_l = jax.lax.dynamic_update_slice_in_dim(v_l, v_j, at, axis=-2)
+    return k_l, v_l
 
   def layer_view(self, k_l, v_l) -> "KVCache":
     """The cache as one layer of a layer scan sees it: that layer's K `k_l` [B, H, Dh, S] and V `v_l`
