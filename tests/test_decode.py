@@ -199,20 +199,53 @@ def test_decode_loop_copies_no_cache_inside_its_loops(variant, window, family):
   assert "while" in hlo and not in_loop, in_loop
 
 
-@pytest.mark.parametrize("variant,window,family", [("standard", None, "standard"), ("sps", 3, "sps")])
-def test_decode_attention_reads_each_layer_slice_as_stored(variant, window, family):
-  """Inside the compiled decode loop the only arrays as large as one layer's K or V are the
-  layers' in-place updates (K [B, H, Dh, S], V [B, H, S, Dh], one of each per written slot and layer): the new
-  slots' keys are scored apart, not concatenated to the cache, and no layer's K/V is transposed
-  or sliced out of a stacked array (a slot-major cache concatenated with the new keys made XLA
-  transpose-copy every layer's K and V on every token, ~70% of an XS decode step on CPU; a layer
-  scan copied each layer's weights and K/V slices; the one- and the two-slot (SPS) step alike)."""
+@pytest.fixture
+def without_the_kernel(monkeypatch):
+  """The decode loops as compiled where `nsl.kernels.decode_cpu` does not apply (no compiler,
+  bfloat16, another head dim): XLA's attention and cache updates."""
+  monkeypatch.setattr(decode_cpu, "supports", lambda *a: False)
+  jax.clear_caches()  # the jitted decode loop was traced with the kernel by the tests before
+  yield
+  jax.clear_caches()
+
+
+def _decode_attention_calls(hlo, target="nsl_decode_cpu_write"):
+  """The q shapes [B, Q, H, Dh] of the compiled loop's `nsl.kernels.decode_cpu` calls."""
+  return [re.match(r"\S+ = \((f32\[[\d,]*\])", line).group(1) for lines in hlo_text.computations(hlo)[0].values()
+          for line in lines if f'custom_call_target="{target}"' in line]
+
+
+def _check_layer_slices(variant, window, family, kernel: bool):
   hlo, cache = _compiled_decode_loop(variant, window, family)
   k_l, v_l = cache.k.shape[1:], cache.v.shape[1:]
   big = hlo_text.large_values_in_loops(hlo, int(np.prod(k_l)))
+  n_layers = cache.k.shape[0]
+  if kernel:  # each layer's reads and writes are one kernel call on its buffers, in place
+    assert big == [] and len(_decode_attention_calls(hlo)) == n_layers, big
+    return
   assert set(big) <= {hlo_text.shape(k_l), hlo_text.shape(v_l)}, sorted(set(big))
-  writes = cache.k.shape[0] * len(cache.kinds)  # a step writes every slot of its group, in every layer
+  writes = n_layers * len(cache.kinds)  # a step writes every slot of its group, in every layer
   assert big.count(hlo_text.shape(k_l)) == big.count(hlo_text.shape(v_l)) == writes, big
+
+
+@pytest.mark.parametrize("variant,window,family", [("standard", None, "standard"), ("sps", 3, "sps")])
+def test_decode_attention_reads_each_layer_slice_as_stored(variant, window, family):
+  """Inside the compiled decode loop nothing as large as one layer's K or V is made: each layer's
+  attention reads its cache buffers in place and writes the step's K/V into them in the same
+  `nsl.kernels.decode_cpu` call (on the CPU). The new slots' keys are scored apart, not
+  concatenated to the cache, and no layer's K/V is transposed or sliced out of a stacked array (a
+  slot-major cache concatenated with the new keys made XLA transpose-copy every layer's K and V
+  on every token, ~70% of an XS decode step on CPU; a layer scan copied each layer's weights and
+  K/V slices; the one- and the two-slot (SPS) step alike)."""
+  _check_layer_slices(variant, window, family, kernel=True)
+
+
+@pytest.mark.parametrize("variant,window,family", [("standard", None, "standard"), ("sps", 3, "sps")])
+def test_decode_attention_without_the_kernel_updates_each_layer_in_place(variant, window, family, without_the_kernel):
+  """Without the kernel the only arrays as large as one layer's K or V are XLA's in-place updates,
+  one of K and one of V per written slot and layer (SPS writes x_i's persistent entry and ρ_i's
+  ring entry: two dynamic-update-slices, not a scatter, which XLA:CPU runs element by element)."""
+  _check_layer_slices(variant, window, family, kernel=False)
 
 
 def test_sps_decode_step_computes_the_head_for_the_read_out_slot_only():
@@ -223,12 +256,6 @@ def test_sps_decode_step_computes_the_head_for_the_read_out_slot_only():
   made = [hlo_text.made(line) for lines in comps.values() for line in lines]
   heads = [kind for kind, op in made if op == "dot" and kind.endswith(",264]")]  # over the test model's vocabulary
   assert heads == ["f32[2,264]"], heads
-
-
-def _decode_attention_calls(hlo):
-  """The q shapes [B, Q, H, Dh] of the compiled loop's `nsl.kernels.decode_cpu` calls."""
-  return [re.match(r"\S+ = \((f32\[[\d,]*\])", line).group(1) for lines in hlo_text.computations(hlo)[0].values()
-          for line in lines if 'custom_call_target="nsl_decode_cpu"' in line]
 
 
 def test_sps_decode_step_runs_the_last_layer_for_the_read_out_slot_only():
@@ -249,20 +276,14 @@ def test_sps_decode_step_runs_the_last_layer_for_the_read_out_slot_only():
                                                         + [hlo_text.shape((b, 1, h, dh))])
 
 
-def test_sps_decode_attention_without_the_kernel_scores_each_query_as_a_gemv(monkeypatch):
-  """Where the CPU kernel does not apply (no compiler, bfloat16, another head dim), each query
-  scores the cached keys as its own matrix-vector product: XLA:CPU's two-row product was ~2x
-  slower at XS (`kv_cache.GEMV_QUERIES`)."""
-  monkeypatch.setattr(decode_cpu, "supports", lambda *a: False)
-  jax.clear_caches()  # the jitted decode loop was traced with the kernel by the tests before
-  try:
-    hlo, cache = _compiled_decode_loop("sps", 3, "sps")
-  finally:
-    jax.clear_caches()
+def test_sps_decode_attention_without_the_kernel_scores_each_query_as_a_gemv(without_the_kernel):
+  """Where the CPU kernel does not apply, each query scores the cached keys as its own
+  matrix-vector product: XLA:CPU's two-row product was ~2x slower at XS (`kv_cache.GEMV_QUERIES`)."""
+  hlo, cache = _compiled_decode_loop("sps", 3, "sps")
   n, b, h = cache.k.shape[0], cache.k.shape[1], cache.k.shape[2]
   dots = [hlo_text.made(line)[0] for lines in hlo_text.computations(hlo)[0].values() for line in lines
           if hlo_text.made(line)[1] == "dot"]
-  assert not _decode_attention_calls(hlo)
+  assert not _decode_attention_calls(hlo) and not _decode_attention_calls(hlo, "nsl_decode_cpu")
   assert dots.count(hlo_text.shape((b, h, 1, cache.size))) == 2 * n - 1, dots
 
 

@@ -40,6 +40,8 @@ struct Args {
   float *out, *lse;
   int64_t B, Q, H, Dh, S, N;
   float scale;
+  float *k_put = nullptr, *v_put = nullptr;  // the cache itself (aliased): the new K/V are written here
+  const int32_t* write = nullptr;             // [N]: entry of each new slot (>= S: not kept)
 };
 
 // Runs fn(task) for every task in [0, tasks): the calling thread and up to workers − 1 helpers
@@ -224,11 +226,23 @@ void task(const Args& a, int64_t bh) {
       oi[d] = x * inv;
     }
   }
+  // The step's own K/V into the cache, after every read of this (batch row, head) above: an entry
+  // overwritten here (the ring's oldest token) was still visible to these queries.
+  if (a.k_put)
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t e = a.write[n];
+      if (e < 0 || e >= S) continue;
+      const float* kn = a.kn + ((b * N + n) * a.H + h) * Dh;
+      const float* vn = a.vn + ((b * N + n) * a.H + h) * Dh;
+      float* kp = a.k_put + bh * Dh * S + e;
+      for (int64_t d = 0; d < Dh; ++d) kp[d * S] = kn[d];
+      std::memcpy(a.v_put + (bh * S + e) * Dh, vn, Dh * sizeof(float));
+    }
 }
 
-ffi::Error Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kc, ffi::Buffer<ffi::F32> vc,
-                ffi::Buffer<ffi::PRED> vis_c, ffi::Buffer<ffi::F32> kn, ffi::Buffer<ffi::F32> vn,
-                ffi::Buffer<ffi::PRED> vis_n, ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> lse) {
+ffi::Error Check(ffi::Buffer<ffi::F32>& q, ffi::Buffer<ffi::F32>& kc, ffi::Buffer<ffi::F32>& vc,
+                 ffi::Buffer<ffi::PRED>& vis_c, ffi::Buffer<ffi::F32>& kn, ffi::Buffer<ffi::F32>& vn,
+                 ffi::Buffer<ffi::PRED>& vis_n, Args& a) {
   auto qd = q.dimensions(), kd = kc.dimensions(), vd = vc.dimensions(), nd = kn.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || nd.size() != 4)
     return ffi::Error::InvalidArgument("decode_cpu: q [B, Q, H, Dh], K [B, H, Dh, S], V [B, H, S, Dh], "
@@ -241,14 +255,52 @@ ffi::Error Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::
   if (Dh % W || Q > kMaxQ || Q < 1)
     return ffi::Error::InvalidArgument("decode_cpu: head dim must be a multiple of the vector width, "
                                        "and 1-16 queries");
-  const Args a{q.typed_data(), kc.typed_data(), vc.typed_data(), kn.typed_data(), vn.typed_data(),
-               vis_c.typed_data(), vis_n.typed_data(), out->typed_data(), lse->typed_data(),
-               B, Q, H, Dh, S, N, 1.0f / std::sqrt((float)Dh)};
-  const int64_t tasks = B * H;
-  pool_for(pool, tasks, num_workers(tasks), [&](int64_t t) { task(a, t); });
+  a = Args{q.typed_data(), kc.typed_data(), vc.typed_data(), kn.typed_data(), vn.typed_data(),
+           vis_c.typed_data(), vis_n.typed_data(), nullptr, nullptr, B, Q, H, Dh, S, N,
+           1.0f / std::sqrt((float)Dh)};
   return ffi::Error::Success();
 }
 
+void Run(ffi::ThreadPool& pool, const Args& a) {
+  const int64_t tasks = a.B * a.H;
+  pool_for(pool, tasks, num_workers(tasks), [&](int64_t t) { task(a, t); });
+}
+
+ffi::Error Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kc, ffi::Buffer<ffi::F32> vc,
+                ffi::Buffer<ffi::PRED> vis_c, ffi::Buffer<ffi::F32> kn, ffi::Buffer<ffi::F32> vn,
+                ffi::Buffer<ffi::PRED> vis_n, ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> lse) {
+  Args a;
+  if (auto err = Check(q, kc, vc, vis_c, kn, vn, vis_n, a); !err.success()) return err;
+  a.out = out->typed_data();
+  a.lse = lse->typed_data();
+  Run(pool, a);
+  return ffi::Error::Success();
+}
+
+// The same, and the step's K/V written at `write` into the cache, which the call updates in place
+// (K and V are aliased to the last two results): one pass over the layer's cache instead of XLA's
+// separate in-place update, whose transposed-K column touches Dh·B·H scattered lines.
+ffi::Error WriteImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kc,
+                     ffi::Buffer<ffi::F32> vc, ffi::Buffer<ffi::PRED> vis_c, ffi::Buffer<ffi::F32> kn,
+                     ffi::Buffer<ffi::F32> vn, ffi::Buffer<ffi::PRED> vis_n, ffi::Buffer<ffi::S32> write,
+                     ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> lse,
+                     ffi::ResultBuffer<ffi::F32> k_put, ffi::ResultBuffer<ffi::F32> v_put) {
+  Args a;
+  if (auto err = Check(q, kc, vc, vis_c, kn, vn, vis_n, a); !err.success()) return err;
+  if (write.element_count() != a.N || k_put->element_count() != kc.element_count() ||
+      v_put->element_count() != vc.element_count())
+    return ffi::Error::InvalidArgument("decode_cpu: write [N] and the cache's K/V as results");
+  a.out = out->typed_data();
+  a.lse = lse->typed_data();
+  a.k_put = k_put->typed_data();
+  a.v_put = v_put->typed_data();
+  a.write = write.typed_data();
+  // Aliased results are the cache buffers; read the cache through them in case XLA gave a copy.
+  a.kc = a.k_put;
+  a.vc = a.v_put;
+  Run(pool, a);
+  return ffi::Error::Success();
+}
 
 }  // namespace
 
@@ -262,6 +314,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(NslDecodeCpu, Impl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(NslDecodeCpuWrite, WriteImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 

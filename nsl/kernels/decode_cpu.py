@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from nsl.kernels import cpu_build
 
-TARGET = "nsl_decode_cpu"  # registered by cpu_build
+TARGET, WRITE_TARGET = "nsl_decode_cpu", "nsl_decode_cpu_write"  # registered by cpu_build
 MAX_QUERIES = 16  # decode_cpu.cc's kMaxQ
 
 
@@ -61,3 +61,18 @@ def attend(q_BQHD, k_BHDS, v_BHSD, visible_BQS, k_new_BNHD, v_new_BNHD, visible_
   return call(f32(q_BQHD), f32(k_BHDS), f32(v_BHSD), visible_BQS.astype(jnp.bool_), f32(k_new_BNHD),
               f32(v_new_BNHD), visible_new_BQN.astype(jnp.bool_))
 
+
+
+def attend_write(q_BQHD, k_BHDS, v_BHSD, visible_BQS, k_new_BNHD, v_new_BNHD, visible_new_BQN, write_N):
+  """`attend`, and the step's K/V written into the cache at entries `write_N` [N] (out of range:
+  not kept) after the reads: -> (out, lse, K, V), the cache updated in place (aliased), so a decode
+  loop's per-layer buffers are read and written in one pass."""
+  if (reason := cpu_build.load()) is not None:
+    raise RuntimeError(f"the CPU decode kernel is unavailable: {reason}")
+  b, nq, h, _ = q_BQHD.shape
+  f32 = lambda x: x.astype(jnp.float32)
+  shapes = (jax.ShapeDtypeStruct(q_BQHD.shape, jnp.float32), jax.ShapeDtypeStruct((b, h, nq), jnp.float32),
+            jax.ShapeDtypeStruct(k_BHDS.shape, jnp.float32), jax.ShapeDtypeStruct(v_BHSD.shape, jnp.float32))
+  call = jax.ffi.ffi_call(WRITE_TARGET, shapes, vmap_method="sequential", input_output_aliases={1: 2, 2: 3})
+  return call(f32(q_BQHD), f32(k_BHDS), f32(v_BHSD), visible_BQS.astype(jnp.bool_), f32(k_new_BNHD),
+              f32(v_new_BNHD), visible_new_BQN.astype(jnp.bool_), write_N.astype(jnp.int32))

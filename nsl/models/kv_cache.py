@@ -191,30 +191,50 @@ class KVCache:
     write = jnp.where(kind == masks.PERSISTENT, at_p, at_t)
     return Step(pos=pos, tok=tok, kind=kind, segment=jnp.asarray(segment, jnp.int32), write=write, prefill=prefill)
 
-  def attend(self, q, k_new, v_new, rule: masks.Rule, step: Step, layer, return_lse: bool = False, queries=None):
-    """Attention of the step's queries [B, Sq, H, Dh] over layer `layer`'s cached keys plus the
-    step's own K/V [B, Sq, H, Dh], under `rule` on explicit per-slot fields (positions are dynamic
-    here); with `return_lse` also the log-sum-exp [B, H, Sq] (to merge with another attention,
-    `merge_lse`). `attention.attend_dense`'s softmax over cache + new keys, with the two parts
-    scored and weighted separately: no cache-sized concatenation (module docstring). `queries`:
-    q holds only these of the step's slots (static indices; `layers.Attention`)."""
+  def _visible(self, q, num_new: int, rule: masks.Rule, step: Step, queries=None):
+    """([B, 1, Sq, S] over the cached entries, [B, 1, Sq, num_new] over the step's own slots):
+    visibility under `rule` on explicit per-slot fields (positions are dynamic here), one mask for
+    every head. Entries of tokens at or after the step's first are stale (a rejected draft)."""
     stale = self.tok[None, :] >= jnp.min(step.tok)
     cached = {"pos": self.pos, "tok": self.tok, "kind": self.kind, "segment": jnp.where(stale, EMPTY, self.segment)}
     q_fields = step.fields() if queries is None else {n: a[..., np.asarray(queries)] for n, a in step.fields().items()}
     q_meta = {n: a[..., :, None] for n, a in q_fields.items()}
 
-    def visible(k_fields, num_keys):  # [B, 1, Sq, K]: one mask for every head
+    def visible(k_fields, num_keys):
       mask = masks.visible(rule, q_meta, {n: a[..., None, :] for n, a in k_fields.items()})
       return jnp.broadcast_to(mask, (q.shape[0], q.shape[1], num_keys))[:, None]
 
+    return visible(cached, self.size), visible(step.fields(), num_new)
+
+  def attend(self, q, k_new, v_new, rule: masks.Rule, step: Step, layer, return_lse: bool = False, queries=None):
+    """Attention of the step's queries [B, Sq, H, Dh] over layer `layer`'s cached keys plus the
+    step's own K/V [B, Sq, H, Dh], under `rule` (`_visible`); with `return_lse` also the
+    log-sum-exp [B, H, Sq] (to merge with another attention, `merge_lse`).
+    `attention.attend_dense`'s softmax over cache + new keys, with the two parts scored and
+    weighted separately: no cache-sized concatenation (module docstring); on one CPU device one
+    `nsl.kernels.decode_cpu` call, which reads the layer's K/V once for all the queries.
+    `queries`: q holds only these of the step's slots (static indices; `layers.Attention`)."""
+    vis_c, vis_n = self._visible(q, k_new.shape[1], rule, step, queries)
     k_c, v_c = self.k[layer], self.v[layer]
-    if decode_cpu.supports(q, k_c):  # each K/V read once for all the step's queries (decode_cpu.py)
-      out, lse = decode_cpu.attend(q, k_c, v_c, visible(cached, self.size)[:, 0], k_new, v_new,
-                                   visible(step.fields(), k_new.shape[1])[:, 0])
+    if decode_cpu.supports(q, k_c):
+      out, lse = decode_cpu.attend(q, k_c, v_c, vis_c[:, 0], k_new, v_new, vis_n[:, 0])
       return (out.astype(q.dtype), lse) if return_lse else out.astype(q.dtype)
-    parts = [(k_c, v_c, visible(cached, self.size), True),
-             (k_new, v_new, visible(step.fields(), k_new.shape[1]), False)]
-    return attend_parts(q, parts, return_lse)
+    return attend_parts(q, [(k_c, v_c, vis_c, True), (k_new, v_new, vis_n, False)], return_lse)
+
+  def attend_write(self, q, k_new, v_new, rule: masks.Rule, step: Step, layer, queries=None):
+    """`attend`, then the step's K/V written (`write_kv`): -> (cache, out). On a per-layer cache
+    and one CPU device, one `decode_cpu.attend_write` call that writes the new entries in place
+    after its reads (XLA's separate update of the transposed K touched B·H·Dh scattered lines per
+    slot: 0.9 ms of a standard XS decode step, 1.5 ms of an SPS one, which writes two slots)."""
+    k_c = self.k[layer]
+    if self.is_per_layer and not self.view and decode_cpu.supports(q, k_c):
+      vis_c, vis_n = self._visible(q, k_new.shape[1], rule, step, queries)
+      out, _, k_l, v_l = decode_cpu.attend_write(q, k_c, self.v[layer], vis_c[:, 0], k_new, v_new, vis_n[:, 0],
+                                                 step.write)
+      put = lambda t, a: t[:layer] + (a,) + t[layer + 1:]
+      return self.replace(k=put(self.k, k_l), v=put(self.v, v_l)), out.astype(q.dtype)
+    out = self.attend(q, k_new, v_new, rule, step, layer, queries=queries)
+    return self.write_kv(layer, k_new, v_new, step, after=out), out
 
   def write_kv(self, layer, k_new, v_new, step: Step, after=None) -> "KVCache":
     """Writes one layer's new K/V [B, S, H, Dh] at `step.write` (indices out of range dropped).

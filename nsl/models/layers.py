@@ -220,11 +220,11 @@ class Attention(nn.Module):
       o = attention.attend(constrain(q), constrain(k), constrain(v), rule, slots, slots,
                            impl=self.dims.attention_impl, chunk_q=self.dims.attention_chunk,
                            chunk_k=self.dims.attention_chunk)
-    else:
-      o = cache.attend(q, k, v, rule, step, layer, queries=queries)
-    if cache is None:
-      return self.output(o)
-    return cache.write_kv(layer, k, v, step, after=o), self.output(o)
+      if cache is None:
+        return self.output(o)
+      return cache.write_kv(layer, k, v, step, after=o), self.output(o)
+    cache, o = cache.attend_write(q, k, v, rule, step, layer, queries=queries)
+    return cache, self.output(o)
 
 
 class SwiGLU(nn.Module):

@@ -67,3 +67,17 @@ def test_supports_only_what_the_kernel_takes():
   assert not decode_cpu.supports(q.astype(jnp.bfloat16), k)  # float32 only
   assert not decode_cpu.supports(jnp.zeros((2, 2, 4, 12)), jnp.zeros((2, 4, 12, 10)))  # head dim
   assert not decode_cpu.supports(jnp.zeros((2, decode_cpu.MAX_QUERIES + 1, 4, 64)), k)  # a long step (prefill)
+
+
+def test_attend_write_reads_before_it_writes():
+  """`attend_write` = `attend`, then the new K/V at `write` (out of range: dropped). Entry 5 is
+  visible to the queries and overwritten by the step (the ring's oldest token): its old K/V is
+  what the step attends to."""
+  q, k, v, vis, kn, vn, visn = _inputs(2, 2, 3, 16, 40, 2, seed=2)
+  vis = vis.at[:, :, 5].set(True)
+  write = jnp.asarray([5, 40], jnp.int32)  # slot 1 is not kept (index == S)
+  out, lse, k2, v2 = jax.jit(decode_cpu.attend_write)(q, k, v, vis, kn, vn, visn, write)
+  ref_out, ref_lse = _reference(q, k, v, vis, kn, vn, visn)
+  np.testing.assert_allclose(out, ref_out, atol=2e-6, rtol=1e-5)
+  np.testing.assert_allclose(k2, k.at[:, :, :, 5].set(kn[:, 0]), atol=0)  # K [B, H, Dh, S]
+  np.testing.assert_allclose(v2, v.at[:, :, 5].set(vn[:, 0]), atol=0)
