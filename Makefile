@@ -12,9 +12,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	# [tpu] brings libtpu: the ahead-of-time TPU compile tests (nsl.compile) run on any host.
 	$(PY) -m pip install --quiet -e ".[dev,tpu]"
-	# The CPU kernels (attention, head; C++, -march=native) are built now so a compiler problem shows here;
+	# The CPU kernels (attention, head, decode; C++, -march=native) are built now so a compiler problem shows here;
 	# without one, both run their XLA paths (a warning, not a failure).
-	$(PY) -m nsl.kernels.cpu_build || echo "nsl: CPU kernels not built; attention and the head will run the XLA paths"
+	$(PY) -m nsl.kernels.cpu_build || echo "nsl: CPU kernels not built; attention, the head and decoding will run the XLA paths"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -268,8 +268,9 @@ def test_sps_decode_step_runs_the_last_layer_for_the_read_out_slot_only():
   fam, _ = _family("sps", 3, init=False)
   n, b, h, f, dh = fam.dims.n_layers, cache.k.shape[1], fam.dims.n_heads, fam.dims.d_ff, fam.dims.head_dim
   comps, _ = hlo_text.computations(hlo)
-  dots = [hlo_text.made(line)[0] for lines in comps.values() for line in lines if hlo_text.made(line)[1] == "dot"]
-  mlp_in = sorted(kind for kind in dots if kind.startswith("f32[") and kind.endswith(f",{f}]"))
+  products = [hlo_text.made(line)[0] for lines in comps.values() for line in lines  # XLA's or decode_cpu.matmul
+              if hlo_text.made(line)[1] == "dot" or 'custom_call_target="nsl_decode_matmul_cpu"' in line]
+  mlp_in = sorted(kind for kind in products if kind.startswith("f32[") and kind.endswith(f",{f}]"))
   assert mlp_in == sorted([hlo_text.shape((b, f))] * 2 + [hlo_text.shape((2 * b, f))] * 2 * (n - 1)), mlp_in
   assert decode_cpu.supports(jnp.zeros((b, 2, h, dh)), cache.k[0])  # the test model's shapes take the kernel here
   assert sorted(_decode_attention_calls(hlo)) == sorted([hlo_text.shape((b, 2, h, dh))] * (n - 1)

@@ -8,7 +8,9 @@ speed and memory do not depend on the weights), a batch of `--batch` random prom
 
 - `prefill_tokens_per_sec`, `decode_tokens_per_sec`: prompt (resp. generated) tokens of the whole
   batch over the best wall time of `--repeats` runs after one compile/warm-up call (`*_median`
-  too); the variants are timed round-robin in one process, so their ratios are side by side;
+  too); the variants are timed round-robin in one process, so their ratios are side by side:
+  `decode_speed_vs_standard` (best over best) and `decode_speed_vs_standard_median` (the median of
+  the per-round ratios, `..._by_round`);
 - `kv_cache_bytes`: bytes of the cache arrays actually allocated for prompt + new tokens
   (persistent K/V, temporary ring K/V, slot metadata) and `kv_cache_vs_standard`;
 - `expected_kv_vs_standard`: (T + w)/T for sps / delayed_state / reverse_sps, 2 for
@@ -228,6 +230,11 @@ def main(argv=None) -> int:
     if standard is not None:
       rec["kv_cache_vs_standard"] = rec["kv_cache_bytes"] / standard["kv_cache_bytes"]
       rec["decode_speed_vs_standard"] = rec["decode_tokens_per_sec"] / standard["decode_tokens_per_sec"]
+      # the same ratio round by round (the two runs of a round are adjacent, so they share the
+      # machine's load): steadier on a shared host than the ratio of two best times
+      rounds = [s / t for s, t in zip(entries["standard"]["times"]["decode"], entry["times"]["decode"])]
+      rec["decode_speed_vs_standard_by_round"] = [round(r, 4) for r in rounds]
+      rec["decode_speed_vs_standard_median"] = statistics.median(rounds)
       rec["prefill_speed_vs_standard"] = rec["prefill_tokens_per_sec"] / standard["prefill_tokens_per_sec"]
     rec["setup"] = setup
     print(json.dumps(rec), flush=True)

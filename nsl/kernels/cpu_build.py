@@ -30,7 +30,8 @@ FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-er
 # FFI target name -> the handler symbol the library exports
 TARGETS = {"nsl_flash_cpu_fwd": "NslFlashCpuFwd", "nsl_flash_cpu_bwd": "NslFlashCpuBwd",
            "nsl_head_cpu": "NslHeadCpu", "nsl_decode_cpu": "NslDecodeCpu",
-           "nsl_decode_cpu_write": "NslDecodeCpuWrite"}
+           "nsl_decode_cpu_write": "NslDecodeCpuWrite",
+           "nsl_decode_matmul_cpu": "NslDecodeMatmulCpu"}
 
 
 def cache_dir() -> Path:

@@ -302,6 +302,64 @@ ffi::Error WriteImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
   return ffi::Error::Success();
 }
 
+
+// ----------------------------------------------------------------------------- few-row products
+// y[M, N] = x[M, K] · W[K, N] for the few rows of a decode step (`layers.dense`). XLA:CPU ran a
+// decode step's products at ~65% of the weights' read bandwidth, and 16 rows (an SPS step's x and
+// ρ slots) 1.6-1.8 ms a step slower than 8 at XS (README "Benchmarks"). Here each task owns 256
+// columns of W; down its rows in blocks of 64, every row of x passes over a block's 1 KB row
+// segments (the register-blocked micro-kernel) while the next block's segments are prefetched.
+
+constexpr int64_t kMaxRows = 32;    // rows a product may have here (the host checks)
+constexpr int64_t kColChunk = 256;  // columns of W per task
+constexpr int64_t kRowBlock = 64;   // rows of W per block: 64 KB of segments, L2-resident while used
+constexpr int64_t PW = NV_MAX * W;  // the micro-kernel's panel width
+
+// Columns [n0, n1) of y = x · W.
+void mm_chunk(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+  const int64_t panels = (n1 - n0 + PW - 1) / PW, seg = (n1 - n0) * 4;
+  for (int64_t k0 = 0; k0 < K; k0 += kRowBlock) {
+    const int64_t kb = std::min(kRowBlock, K - k0), k2 = k0 + kb, kb2 = std::min(kRowBlock, K - k2);
+    const int64_t per_panel = (std::max<int64_t>(kb2, 0) + panels - 1) / panels;
+    int64_t pf = 0;
+    for (int64_t n = n0; n < n1; n += PW) {
+      const float* b = w + k0 * N + n;
+      switch (std::min(PW, n1 - n) / W) {
+        case 1: gemm_panel<1>(M, kb, x + k0, K, 1, b, N, y + n, N, k0 > 0); break;
+        case 2: gemm_panel<2>(M, kb, x + k0, K, 1, b, N, y + n, N, k0 > 0); break;
+#if NV_MAX_IS_4
+        case 3: gemm_panel<3>(M, kb, x + k0, K, 1, b, N, y + n, N, k0 > 0); break;
+        case 4: gemm_panel<4>(M, kb, x + k0, K, 1, b, N, y + n, N, k0 > 0); break;
+#endif
+        default: break;
+      }
+      for (int64_t r = 0; r < per_panel && pf < kb2; ++r, ++pf) {  // the next block's row segments
+        const char* p = reinterpret_cast<const char*>(w + (k2 + pf) * N + n0);
+        for (int64_t l = 0; l < seg; l += 64) __builtin_prefetch(p + l, 0, 3);
+      }
+    }
+  }
+}
+
+ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                      ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[0])
+    return ffi::Error::InvalidArgument("decode_cpu matmul: x [M, K], W [K, N]");
+  const int64_t M = xd[0], K = xd[1], N = wd[1];
+  if (M > kMaxRows || N % W)
+    return ffi::Error::InvalidArgument("decode_cpu matmul: at most 32 rows, N a multiple of the vector width");
+  float* yp = y->typed_data();
+  if (K == 0) std::fill(yp, yp + M * N, 0.0f);
+  if (M == 0 || N == 0 || K == 0) return ffi::Error::Success();
+  const float *xp = x.typed_data(), *wp = w.typed_data();
+  const int64_t tasks = (N + kColChunk - 1) / kColChunk;
+  pool_for(pool, tasks, num_workers(tasks), [&](int64_t t) {
+    mm_chunk(xp, wp, yp, M, K, N, t * kColChunk, std::min(N, (t + 1) * kColChunk));
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(NslDecodeCpu, Impl,
@@ -333,5 +391,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(NslDecodeCpuWrite, WriteImpl,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
-// The head dim must be a multiple of this (the float vector: 16 with AVX-512, 8 with AVX2).
+XLA_FFI_DEFINE_HANDLER_SYMBOL(NslDecodeMatmulCpu, MatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+// The head dim (and a product's N) must be a multiple of this (the float vector: 16 with AVX-512, 8 with AVX2).
 extern "C" int NslDecodeCpuVectorWidth() { return (int)W; }

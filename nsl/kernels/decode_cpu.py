@@ -19,10 +19,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from nsl.kernels import cpu_build
 
-TARGET, WRITE_TARGET = "nsl_decode_cpu", "nsl_decode_cpu_write"  # registered by cpu_build
+TARGET, WRITE_TARGET, MATMUL_TARGET = "nsl_decode_cpu", "nsl_decode_cpu_write", "nsl_decode_matmul_cpu"  # cpu_build
 MAX_QUERIES = 16  # decode_cpu.cc's kMaxQ
 
 
@@ -76,3 +77,42 @@ def attend_write(q_BQHD, k_BHDS, v_BHSD, visible_BQS, k_new_BNHD, v_new_BNHD, vi
   call = jax.ffi.ffi_call(WRITE_TARGET, shapes, vmap_method="sequential", input_output_aliases={1: 2, 2: 3})
   return call(f32(q_BQHD), f32(k_BHDS), f32(v_BHSD), visible_BQS.astype(jnp.bool_), f32(k_new_BNHD),
               f32(v_new_BNHD), visible_new_BQN.astype(jnp.bool_), write_N.astype(jnp.int32))
+
+
+MAX_ROWS = 32  # decode_cpu.cc's kMaxRows
+
+
+def supports_matmul(x_MK, w_KN) -> bool:
+  """Whether `matmul` takes x [M, K] · w [K, N]: a CPU computation on one device, float32, at most
+  `MAX_ROWS` rows (a decode step's; XLA runs larger products), N a multiple of `vector_width()`."""
+  if jax.default_backend() != "cpu" or x_MK.ndim != 2 or w_KN.ndim != 2 or not 1 <= x_MK.shape[0] <= MAX_ROWS:
+    return False
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty and mesh.size > 1:
+    return False
+  if x_MK.dtype != jnp.float32 or w_KN.dtype != jnp.float32:
+    return False
+  vw = vector_width()
+  return vw is not None and w_KN.shape[1] % vw == 0
+
+
+@jax.custom_vjp
+def matmul(x_MK, w_KN):
+  """x [M, K] · w [K, N] in the kernel (`decode_cpu.cc`, "few-row products"): each weight read
+  once, streamed with prefetching. Differentiable (XLA's products in the backward pass), although
+  decoding is what uses it."""
+  call = jax.ffi.ffi_call(MATMUL_TARGET, jax.ShapeDtypeStruct((x_MK.shape[0], w_KN.shape[1]), jnp.float32),
+                          vmap_method="sequential")
+  return call(x_MK, w_KN)
+
+
+def _matmul_fwd(x_MK, w_KN):
+  return matmul(x_MK, w_KN), (x_MK, w_KN)
+
+
+def _matmul_bwd(res, g_MN):
+  x_MK, w_KN = res
+  return g_MN @ w_KN.T, x_MK.T @ g_MN
+
+
+matmul.defvjp(_matmul_fwd, _matmul_bwd)

@@ -108,6 +108,9 @@ class Step:
   segment: jax.Array
   write: jax.Array
   prefill: bool = flax.struct.field(pytree_node=False, default=False)
+  # (sin, cos) [S, head_dim/2] of the slots' RoPE angles (`layers.rope_table`), when a token loop
+  # made its table once before the loop; None: `layers.rope` computes them from `tok`.
+  rope: tuple[jax.Array, jax.Array] | None = None
 
   def fields(self) -> dict[str, jax.Array]:
     return {"pos": self.pos, "tok": self.tok, "kind": self.kind, "segment": self.segment}

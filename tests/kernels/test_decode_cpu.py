@@ -1,4 +1,4 @@
-"""`nsl.kernels.decode_cpu`: a decode step's cached attention in one C++ call equals
+"""`nsl.kernels.decode_cpu`: a decode step's few-row products equal XLA's, and its cached attention in one C++ call equals
 `kv_cache.attend_parts` (one softmax over the cache's visible keys and the step's own) in output
 and log-sum-exp, for 1-5 queries, visibility with holes and whole invisible blocks, a cache length
 that no vector divides, and queries that see nothing; and it is what `KVCache.attend` runs on one
@@ -81,3 +81,29 @@ def test_attend_write_reads_before_it_writes():
   np.testing.assert_allclose(out, ref_out, atol=2e-6, rtol=1e-5)
   np.testing.assert_allclose(k2, k.at[:, :, :, 5].set(kn[:, 0]), atol=0)  # K [B, H, Dh, S]
   np.testing.assert_allclose(v2, v.at[:, :, 5].set(vn[:, 0]), atol=0)
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 64, 16), (8, 512, 1536), (16, 100, 272), (32, 7, 48), (5, 130, 512)])
+def test_matmul_equals_xla(m, k, n):
+  """Row groups of 6 and their tails, K not a multiple of the 64-row block, N not a multiple of the
+  256-column task or the micro-kernel's panel (but of the vector width)."""
+  rng = np.random.default_rng(m * k)
+  x, w = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in ((m, k), (k, n)))
+  assert decode_cpu.supports_matmul(x, w)
+  np.testing.assert_allclose(jax.jit(decode_cpu.matmul)(x, w), np.asarray(x) @ np.asarray(w), rtol=1e-5, atol=1e-4)
+
+
+def test_matmul_gradients_are_the_products_gradients():
+  rng = np.random.default_rng(3)
+  x, w = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in ((6, 40), (40, 32)))
+  f = lambda mm: lambda x, w: jnp.sum(jnp.sin(mm(x, w)))
+  for a, b in zip(jax.grad(f(decode_cpu.matmul), (0, 1))(x, w), jax.grad(f(jnp.matmul), (0, 1))(x, w)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_supports_matmul_only_what_the_kernel_takes():
+  x, w = jnp.zeros((8, 64)), jnp.zeros((64, 32))
+  assert decode_cpu.supports_matmul(x, w)
+  assert not decode_cpu.supports_matmul(jnp.zeros((decode_cpu.MAX_ROWS + 1, 64)), w)  # a training batch
+  assert not decode_cpu.supports_matmul(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
+  assert not decode_cpu.supports_matmul(x, jnp.zeros((64, 36)))  # N not a multiple of the vector width
