@@ -101,6 +101,8 @@ def matmul(x_MK, w_KN):
   """x [M, K] · w [K, N] in the kernel (`decode_cpu.cc`, "few-row products"): each weight read
   once, streamed with prefetching. Differentiable (XLA's products in the backward pass), although
   decoding is what uses it."""
+  if (reason := cpu_build.load()) is not None:
+    raise RuntimeError(f"the CPU decode kernels are unavailable: {reason}")
   call = jax.ffi.ffi_call(MATMUL_TARGET, jax.ShapeDtypeStruct((x_MK.shape[0], w_KN.shape[1]), jnp.float32),
                           vmap_method="sequential")
   return call(x_MK, w_KN)
