@@ -1,5 +1,7 @@
-// Cached attention of a decode step for the CPU: a few queries over a KV cache plus the step's own
-// keys, one softmax, as one XLA FFI custom call (`nsl.kernels.decode_cpu`).
+// A decode step's kernels for the CPU, as XLA FFI custom calls (`nsl.kernels.decode_cpu`): the
+// cached attention of a few queries over a KV cache plus the step's own keys (one softmax; the
+// `Write` variant then stores the step's K/V into the cache in place), and the few-row products
+// of its projections ("few-row products" below).
 //
 // Why this exists: a decode step is bound by reading memory (every layer's K/V and weights once
 // per token), and XLA:CPU reads a layer's cache once per query: SPS's two queries (x_i and ρ_i)
@@ -18,7 +20,9 @@
 // started per call: a call lasts ~0.1-0.4 ms). The cached keys are read in runs of 64-key blocks
 // that some query sees (unwritten cache entries are never read): scores as rank-1 updates of the
 // [Q, S] score rows (K streamed row by row, each row once), p·V in the register-blocked
-// micro-kernel with the Q queries as its rows (V streamed row by row, once).
+// micro-kernel with the Q queries as its rows (V streamed row by row, once, and prefetched while
+// K streams). The write variant stores the new K/V last, so an entry it overwrites (the ring's
+// oldest token, still visible to this step) is read first.
 #include <atomic>
 #include <memory>
 

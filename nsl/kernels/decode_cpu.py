@@ -1,15 +1,19 @@
-"""A decode step's cached attention on the CPU in one C++ XLA FFI call (`decode_cpu.cc`).
+"""A decode step's kernels on the CPU, C++ XLA FFI calls (`decode_cpu.cc`).
 
-`nsl.models.kv_cache.KVCache.attend` runs this for a step of up to 16 queries on a single-device
-CPU computation with float32 q/K/V and a head dim that is a multiple of the host's float vector
-(16 with AVX-512, 8 with AVX2), and `kv_cache.attend_parts` otherwise. Same math and contract:
-one softmax over the cache's visible keys and the step's own, out [B, Q, H, Dh] and lse
-[B, H, Q] (-inf, with out 0, where a query sees nothing). No gradient: decoding only.
+- `attend` / `attend_write`: the cached attention of a step of up to 16 queries, which
+  `nsl.models.kv_cache.KVCache.attend` (resp. `attend_write`, a decode loop's per-layer cache:
+  the step's K/V then written in place) runs on a single-device CPU computation with float32
+  q/K/V and a head dim that is a multiple of the host's float vector (16 with AVX-512, 8 with
+  AVX2); `kv_cache.attend_parts` otherwise. Same math and contract: one softmax over the cache's
+  visible keys and the step's own, out [B, Q, H, Dh] and lse [B, H, Q] (-inf, with out 0, where a
+  query sees nothing). No gradient: decoding only.
+- `matmul`: x [M, K] · w [K, N] for M ≤ 32 rows (a decode step's projections, `layers.dense`).
 
-Why: a decode step is bound by reading memory, and XLA:CPU read a layer's cache once per query
-(SPS's two queries: 1.4 ms a layer at XS against 0.7 ms for the standard model's one); the kernel
-reads each (batch row, head)'s K and V once for all queries, skipping blocks no query sees
-(README "Benchmarks").
+Why: a decode step is bound by reading memory. XLA:CPU read a layer's cache once per query (SPS's
+two queries: 1.4 ms a layer at XS against 0.7 ms for the standard model's one) and the step's
+weights at ~65% of the bandwidth; the kernels read each (batch row, head)'s K and V once for all
+queries, skipping blocks no query sees, and stream each weight once with prefetching (README
+"Benchmarks").
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import numpy as np
 
 from nsl.kernels import cpu_build
 
-TARGET, WRITE_TARGET, MATMUL_TARGET = "nsl_decode_cpu", "nsl_decode_cpu_write", "nsl_decode_matmul_cpu"  # cpu_build
+# registered by cpu_build
+TARGET, WRITE_TARGET, MATMUL_TARGET = "nsl_decode_cpu", "nsl_decode_cpu_write", "nsl_decode_matmul_cpu"
 MAX_QUERIES = 16  # decode_cpu.cc's kMaxQ
 
 
