@@ -99,6 +99,15 @@ def load() -> str | None:
   return None
 
 
+@functools.lru_cache(maxsize=None)
+def constant(symbol: str) -> int | None:
+  """An int a kernel exports as `extern "C" int symbol()` (a build constant, e.g. its vector
+  width), or None when the library is unavailable."""
+  if load() is not None:
+    return None
+  return int(getattr(ctypes.cdll.LoadLibrary(str(library_path())), symbol)())
+
+
 def _main() -> None:
   """`python -m nsl.kernels.cpu_build`: build the kernels now (install step); prints the path."""
   try:

@@ -18,8 +18,6 @@ queries, skipping blocks no query sees, and stream each weight once with prefetc
 
 from __future__ import annotations
 
-import ctypes
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -32,12 +30,9 @@ TARGET, WRITE_TARGET, MATMUL_TARGET = "nsl_decode_cpu", "nsl_decode_cpu_write", 
 MAX_QUERIES = 16  # decode_cpu.cc's kMaxQ
 
 
-@functools.lru_cache(maxsize=None)
 def vector_width() -> int | None:
   """The float vector width the head dim must be a multiple of; None when the kernels are unavailable."""
-  if cpu_build.load() is not None:
-    return None
-  return int(ctypes.cdll.LoadLibrary(str(cpu_build.library_path())).NslDecodeCpuVectorWidth())
+  return cpu_build.constant("NslDecodeCpuVectorWidth")
 
 
 def supports(q_BQHD, k_BHDS) -> bool:

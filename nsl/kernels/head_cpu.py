@@ -14,7 +14,6 @@ products in the register-blocked micro-kernel (README "Benchmarks").
 
 from __future__ import annotations
 
-import ctypes
 import functools
 
 import jax
@@ -26,12 +25,9 @@ from nsl.kernels import cpu_build
 TARGET = "nsl_head_cpu"  # registered by cpu_build
 
 
-@functools.lru_cache(maxsize=None)
 def panel_width() -> int | None:
   """The width d_model and the vocabulary must be multiples of; None when the kernel is unavailable."""
-  if cpu_build.load() is not None:
-    return None
-  return int(ctypes.cdll.LoadLibrary(str(cpu_build.library_path())).NslHeadCpuPanelWidth())
+  return cpu_build.constant("NslHeadCpuPanelWidth")
 
 
 def supports(h_ND, embedding_VD) -> bool:
