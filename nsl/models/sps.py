@@ -54,7 +54,9 @@ LAYOUTS = masks.ORDERS  # physical slot orders, `masks.Layout.grouped`
 # vs 0.61 s interleaved (the temporary keys' band leaves whole tiles empty), at 512 slots 0.043 vs
 # 0.042 s; train steps (tok/s, 2026-12-04) at 1024 tokens 876/697/593 vs 694/614/643 (compare.py's
 # three rounds), at 256 and 512 within noise in alternating runs (753/775 vs 684/761; 716/874 vs
-# 760/738). No length favours interleaved, so one default, no threshold.
+# 760/738); on an AVX-512 host (compare.py's three rounds, 18:08-18:29) at 1024 tokens
+# 1,534/1,382/1,431 vs 1,374/1,311/1,368, at 256 1,612/1,668/1,622 vs 1,588/1,586/1,636. No length
+# favours interleaved, so one default, no threshold.
 DEFAULT_LAYOUT = "stream_major"
 
 P, T_ = masks.PERSISTENT, masks.TEMPORARY
