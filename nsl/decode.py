@@ -221,15 +221,15 @@ def prefill_jit(dims, plan, params, prompt_BN, max_tokens: int):
 def decode_loop(dims, plan, params, cache, logits_BV, steps: int, temperature, start, rng):
   """Samples `steps` tokens starting from the prefill's logits: token k is drawn from logits k
   and (except the last) fed back at position `start + k`. Returns (tokens [B, steps],
-  logits [B, steps, V], final cache). The token loop is a `lax.scan` (one compiled step) whose
-  step runs the layers unrolled on per-layer weights and K/V (`KVCache.per_layer`: an XS step
-  on 2 cores 1.6-1.8x faster than reading slices of stacked arrays in a layer scan)."""
+  logits [B, steps, V], final cache in its per-layer form: `.stacked()` restacks it, a copy of
+  the whole cache that no decoder here needs). The token loop is a `lax.scan` (one compiled step)
+  whose step runs the layers unrolled on per-layer weights and K/V (`KVCache.per_layer`: an XS
+  step on 2 cores 1.6-1.8x faster than reading slices of stacked arrays in a layer scan)."""
   params = token_loop_params(dims, params)
   table = rope_rows(dims, start, steps)
   step = lambda cache, token, index: decode_step(dims, plan, params, cache, token, index,
                                                  rope=table(index - start))
-  tokens, all_logits, cache = sample_loop(step, cache.per_layer(), logits_BV, steps, temperature, start, rng)
-  return tokens, all_logits, cache.stacked()
+  return sample_loop(step, cache.per_layer(), logits_BV, steps, temperature, start, rng)
 
 
 def rope_rows(dims, start, steps: int):

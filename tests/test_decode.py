@@ -188,8 +188,8 @@ def _compiled_decode_loop(variant="standard", window=None, family="standard"):
 def test_decode_loop_copies_no_cache_inside_its_loops(variant, window, family):
   """The token loop runs on the cache's per-layer form (`KVCache.per_layer`) and each layer's
   K/V write is ordered after that layer's reads (`write_kv(after=...)`): inside the compiled
-  loop no whole cache and no layer's K or V buffer is copied; the per-layer split and the
-  restacking happen once, in the entry. (Scattering into the full cache through the layer scan
+  loop no whole cache and no layer's K or V buffer is copied; the per-layer split happens once,
+  in the entry, and the loop returns the per-layer form (no restacking copy). (Scattering into the full cache through the layer scan
   copied it twice per layer; unordered per-layer writes copied each layer's buffer twice per
   token: an XS decode step 1.4x resp. 1.8x slower.) SPS writes two entries per layer (x_i's
   persistent one, ρ_i's in the ring), one in-place update each, still without a copy."""

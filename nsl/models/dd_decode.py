@@ -56,7 +56,8 @@ def prefill(model: DoubleDecoder, params, prompt_BP, new_tokens: int):
 
 @functools.partial(jax.jit, static_argnums=(0, 4, 5))
 def decode_loop(model: DoubleDecoder, params, cache, logits_BV, steps: int, temperature: float, rng):
-  """Samples `steps` tokens from the prefill's logits onwards; returns (tokens, logits, cache).
+  """Samples `steps` tokens from the prefill's logits onwards; returns (tokens, logits, cache), the
+  self cache in its per-layer form (`nsl.decode.decode_loop`'s).
   The token loop reads each generation layer's cross and self K/V as separate buffers (split once
   before the loop, as `nsl.decode.decode_loop` does: XLA:CPU copies a slice of a stacked array
   before every matmul that reads it)."""
@@ -70,7 +71,7 @@ def decode_loop(model: DoubleDecoder, params, cache, logits_BV, steps: int, temp
 
   tokens, logits, self_cache = decode.sample_loop(step, cache["self"].per_layer(), logits_BV, steps, temperature,
                                                   cache["start"] + 1, rng)
-  return tokens, logits, dict(cache, self=self_cache.stacked())
+  return tokens, logits, dict(cache, self=self_cache)
 
 
 def generate(family, params, prompt_BP, new_tokens: int, *, temperature: float = 0.0, rng=None,
