@@ -60,16 +60,6 @@ Pool& pool() {
   return p;
 }
 
-// C[M, PW] (+)= A(M×K) · B[K, PW] (B a packed panel, row stride PW) in blocks of kKBlock rows of B,
-// so the block the micro-kernel re-reads for every 6 rows of A stays in L1: a whole 256-row panel is
-// 64 KB with AVX-512's 64-wide panels, more than L1 holds (measured: README "Benchmarks").
-constexpr int64_t kKBlock = 128;
-inline void gemm_kb(int64_t M, int64_t K, const float* A, int64_t rsa, int64_t csa, const float* B, float* C,
-                    int64_t ldc, bool acc) {
-  for (int64_t k0 = 0; k0 < K; k0 += kKBlock)
-    gemm_panel<NV_MAX>(M, std::min(kKBlock, K - k0), A + k0 * csa, rsa, csa, B + k0 * PW, PW, C, ldc, acc || k0 > 0);
-}
-
 struct Head {
   const float *h, *E, *coef;
   const int32_t* t;
@@ -80,8 +70,9 @@ struct Head {
 
   int workers = 1;
   int64_t nch = 0;
-  float* z = nullptr;                // [nch, kRows, kChunk]: exp(z − m) of the current block, chunk-major
-  float* zchunk(int64_t c) const { return z + c * kRows * kChunk; }  // chunk c's [rows, L] block, row stride L
+  int64_t zrows = 0;                 // min(kRows, N): the rows of a block
+  float* z = nullptr;                // [nch, zrows, kChunk]: exp(z − m) of the current block, chunk-major
+  float* zchunk(int64_t c) const { return z + c * zrows * kChunk; }  // chunk c's [rows, L] block, row stride L
   float* et = nullptr;               // Eᵀ packed per chunk as [L/PW][D][PW] (at v0·D)
   float* ep = nullptr;               // E packed per chunk as [D/PW][L][PW] (at v0·D; gradients only)
   std::vector<float> m, s;           // [kRows, nch]: per-chunk row max and sum; then the factors
@@ -115,7 +106,7 @@ struct Head {
     int64_t v0, L;
     chunk_range(c, v0, L);
     for (int64_t p = 0; p < L / PW; ++p)
-      gemm_kb(R, D, hs.data(), D, 1, et + v0 * D + p * D * PW, zchunk(c) + p * PW, L, false);
+      gemm_panel<NV_MAX>(R, D, hs.data(), D, 1, et + v0 * D + p * D * PW, PW, zchunk(c) + p * PW, L, false);
     for (int64_t r = 0; r < R; ++r) {
       float* zr = zchunk(c) + r * L;
       vf vm = splat(kNegInf);
@@ -152,9 +143,9 @@ struct Head {
     const float* pz = zchunk(c);
     float* dhp = dhw.data() + w * kRows * D;
     for (int64_t p = 0; p < D / PW; ++p)  // dh[rows, D] += P[rows, L] · E[L, D]
-      gemm_kb(R, L, pz, L, 1, ep + v0 * D + p * L * PW, dhp + p * PW, D, true);
+      gemm_panel<NV_MAX>(R, L, pz, L, 1, ep + v0 * D + p * L * PW, PW, dhp + p * PW, D, true);
     for (int64_t p = 0; p < D / PW; ++p)  // dE[L, D] (+)= Pᵀ[L, rows] · h[rows, D]
-      gemm_kb(L, R, pz, 1, L, hp.data() + p * R * PW, dE + v0 * D + p * PW, D, !first);
+      gemm_panel<NV_MAX>(L, R, pz, 1, L, hp.data() + p * R * PW, PW, dE + v0 * D + p * PW, D, !first);
   }
 
   void run() {
@@ -226,7 +217,8 @@ ffi::Error Impl(ffi::Buffer<ffi::F32> h, ffi::Buffer<ffi::F32> E, ffi::Buffer<ff
   std::lock_guard<std::mutex> lock(pl.mu);
   Head hc{h.typed_data(), E.typed_data(), coef.typed_data(), tp, N, V, D, scale, grads != 0,
           nll->typed_data(), dh->typed_data(), dE->typed_data()};
-  const int64_t zn = kRows * ((V + kChunk - 1) / kChunk) * kChunk;  // Head::zchunk's layout
+  hc.zrows = std::min(kRows, N);
+  const int64_t zn = hc.zrows * ((V + kChunk - 1) / kChunk) * kChunk;  // Head::zchunk's layout
   hc.z = pl.get(zn + (grads ? 2 : 1) * V * D);
   hc.et = hc.z + zn;
   hc.ep = hc.et + V * D;
