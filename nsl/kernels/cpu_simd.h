@@ -37,17 +37,36 @@ inline vi loadi(const int32_t* p) { return *reinterpret_cast<const viu*>(p); }
 inline void store(float* p, vf x) { *reinterpret_cast<vfu*>(p) = x; }
 inline vf splat(float x) { return x - (vf){}; }
 
+// A software prefetch stream down the rows of a matrix operand: `seg` bytes of each row from `row`,
+// rows `stride` bytes apart, stopping at `end`. `micro` issues P lines of it per step of its k loop,
+// so the next block of a streamed operand is in flight while the current one is multiplied (a
+// burst of prefetches between blocks stalls the core once its fill buffers are full).
+struct RowPrefetch {
+  const char *row = nullptr, *end = nullptr;
+  int64_t col = 0, seg = 0, stride = 0;
+  inline void next() {
+    if (row >= end) return;
+    __builtin_prefetch(row + col, 0, 2);
+    if ((col += 64) >= seg) {
+      col = 0;
+      row += stride;
+    }
+  }
+};
+
 // C[MR, 16·NV] (+)= Σ_k A(r, k) · B[k, :], with A(r, k) = A[r·rsa + k·csa] (any strides, so
-// Aᵀ is free) and B row-major with row stride ldb.
-template <int MR, int NV>
+// Aᵀ is free) and B row-major with row stride ldb; P lines of `pf` prefetched per k.
+template <int MR, int NV, int P = 0>
 inline void micro(int64_t K, const float* A, int64_t rsa, int64_t csa, const float* B, int64_t ldb,
-                  float* C, int64_t ldc, bool acc) {
+                  float* C, int64_t ldc, bool acc, RowPrefetch* pf = nullptr) {
   vf c[MR][NV];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
     for (int n = 0; n < NV; ++n) c[r][n] = acc ? load(C + r * ldc + W * n) : (vf){};
   for (int64_t k = 0; k < K; ++k) {
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) pf->next();
     const float* b = B + k * ldb;
     vf bv[NV];
 #pragma GCC unroll 4
@@ -81,6 +100,39 @@ void gemm_panel(int64_t M, int64_t K, const float* A, int64_t rsa, int64_t csa, 
     case 2: micro<2, NV>(K, a, rsa, csa, B, ldb, c, ldc, acc); break;
     case 1: micro<1, NV>(K, a, rsa, csa, B, ldb, c, ldc, acc); break;
     default: break;
+  }
+}
+
+// gemm_panel on a full panel (NV_MAX vectors) while `pf` streams at the pace B is consumed: one
+// line of pf per line of B row the panel's k loop reads, spread over its 6-row groups (a group
+// issues its share each k, so the prefetches are spread through the arithmetic).
+template <int MR>
+inline void micro_pf(int p, int64_t K, const float* A, int64_t rsa, int64_t csa, const float* B, int64_t ldb,
+                     float* C, int64_t ldc, bool acc, RowPrefetch& pf) {
+  switch (p) {
+    case 0: micro<MR, NV_MAX, 0>(K, A, rsa, csa, B, ldb, C, ldc, acc, &pf); break;
+    case 1: micro<MR, NV_MAX, 1>(K, A, rsa, csa, B, ldb, C, ldc, acc, &pf); break;
+    case 2: micro<MR, NV_MAX, 2>(K, A, rsa, csa, B, ldb, C, ldc, acc, &pf); break;
+    default: micro<MR, NV_MAX, 4>(K, A, rsa, csa, B, ldb, C, ldc, acc, &pf); break;
+  }
+}
+inline void gemm_panel_pf(int64_t M, int64_t K, const float* A, int64_t rsa, int64_t csa, const float* B,
+                          int64_t ldb, float* C, int64_t ldc, bool acc, RowPrefetch& pf) {
+  constexpr int kLines = NV_MAX * W * 4 / 64;  // lines of a panel row: 4 with AVX-512, 1 with AVX2
+  const int64_t groups = (M + 5) / 6;
+  for (int64_t g = 0, m = 0; g < groups; ++g, m += 6) {
+    // kLines over the groups, the remainder to the last ones: 4 → (4), (2, 2), (1, 1, 2), (1, 1, 1, 1), …
+    const int p = int(kLines / groups + (g >= groups - kLines % groups ? 1 : 0));
+    const float* a = A + m * rsa;
+    float* c = C + m * ldc;
+    switch (std::min<int64_t>(6, M - m)) {
+      case 6: micro_pf<6>(p, K, a, rsa, csa, B, ldb, c, ldc, acc, pf); break;
+      case 5: micro_pf<5>(p, K, a, rsa, csa, B, ldb, c, ldc, acc, pf); break;
+      case 4: micro_pf<4>(p, K, a, rsa, csa, B, ldb, c, ldc, acc, pf); break;
+      case 3: micro_pf<3>(p, K, a, rsa, csa, B, ldb, c, ldc, acc, pf); break;
+      case 2: micro_pf<2>(p, K, a, rsa, csa, B, ldb, c, ldc, acc, pf); break;
+      default: micro_pf<1>(p, K, a, rsa, csa, B, ldb, c, ldc, acc, pf); break;
+    }
   }
 }
 

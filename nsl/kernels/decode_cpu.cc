@@ -319,27 +319,22 @@ constexpr int64_t kColChunk = 256;  // columns of W per task
 constexpr int64_t kRowBlock = 64;   // rows of W per block: 64 KB of segments, L2-resident while used
 constexpr int64_t PW = NV_MAX * W;  // the micro-kernel's panel width
 
-// Columns [n0, n1) of y = x · W.
+// Columns [n0, n1) of y = x · W: down W's rows in blocks, the next block's row segments
+// prefetched from inside the current block's arithmetic (`gemm_panel_pf`).
 void mm_chunk(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1) {
-  const int64_t panels = (n1 - n0 + PW - 1) / PW, seg = (n1 - n0) * 4;
+  const char* col0 = reinterpret_cast<const char*>(w + n0);
+  RowPrefetch pf{col0 + std::min(K, kRowBlock) * N * 4, col0 + K * N * 4, 0, (n1 - n0) * 4, N * 4};
   for (int64_t k0 = 0; k0 < K; k0 += kRowBlock) {
-    const int64_t kb = std::min(kRowBlock, K - k0), k2 = k0 + kb, kb2 = std::min(kRowBlock, K - k2);
-    const int64_t per_panel = (std::max<int64_t>(kb2, 0) + panels - 1) / panels;
-    int64_t pf = 0;
+    const int64_t kb = std::min(kRowBlock, K - k0);
     for (int64_t n = n0; n < n1; n += PW) {
       const float* b = w + k0 * N + n;
       switch (std::min(PW, n1 - n) / W) {
         case 1: gemm_panel<1>(M, kb, x + k0, K, 1, b, N, y + n, N, k0 > 0); break;
-        case 2: gemm_panel<2>(M, kb, x + k0, K, 1, b, N, y + n, N, k0 > 0); break;
 #if NV_MAX_IS_4
+        case 2: gemm_panel<2>(M, kb, x + k0, K, 1, b, N, y + n, N, k0 > 0); break;
         case 3: gemm_panel<3>(M, kb, x + k0, K, 1, b, N, y + n, N, k0 > 0); break;
-        case 4: gemm_panel<4>(M, kb, x + k0, K, 1, b, N, y + n, N, k0 > 0); break;
 #endif
-        default: break;
-      }
-      for (int64_t r = 0; r < per_panel && pf < kb2; ++r, ++pf) {  // the next block's row segments
-        const char* p = reinterpret_cast<const char*>(w + (k2 + pf) * N + n0);
-        for (int64_t l = 0; l < seg; l += 64) __builtin_prefetch(p + l, 0, 3);
+        default: gemm_panel_pf(M, kb, x + k0, K, 1, b, N, y + n, N, k0 > 0, pf); break;
       }
     }
   }
