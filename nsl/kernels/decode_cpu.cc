@@ -310,31 +310,33 @@ ffi::Error WriteImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
 // ----------------------------------------------------------------------------- few-row products
 // y[M, N] = x[M, K] · W[K, N] for the few rows of a decode step (`layers.dense`). XLA:CPU ran a
 // decode step's products at ~65% of the weights' read bandwidth, and 16 rows (an SPS step's x and
-// ρ slots) 1.6-1.8 ms a step slower than 8 at XS (README "Benchmarks"). Here each task owns 256
-// columns of W; down its rows in blocks of 64, every row of x passes over a block's 1 KB row
-// segments (the register-blocked micro-kernel) while the next block's segments are prefetched.
+// ρ slots) 1.6-1.8 ms a step slower than 8 at XS (README "Benchmarks"). Such a product reads W once
+// and is bound by how many lines a core keeps in flight, so each task streams a contiguous range
+// of W's rows (whole rows, or a column chunk of them on many cores), in blocks of 32 rows: every
+// row of x passes over a block in the register-blocked micro-kernel, whose k loop prefetches the
+// next block (`gemm_panel_pf`). Row ranges after the first sum into partial products, added last.
 
-constexpr int64_t kMaxRows = 32;    // rows a product may have here (the host checks)
-constexpr int64_t kColChunk = 256;  // columns of W per task
-constexpr int64_t kRowBlock = 64;   // rows of W per block: 64 KB of segments, L2-resident while used
-constexpr int64_t PW = NV_MAX * W;  // the micro-kernel's panel width
+constexpr int64_t kMaxRows = 32;     // rows a product may have here (the host checks)
+constexpr int64_t kRowBlock = 32;    // rows of W per block
+constexpr int64_t kMaxRowSplit = 4;  // row ranges at most (each adds an [M, N] partial to sum)
+constexpr int64_t PW = NV_MAX * W;   // the micro-kernel's panel width
 
-// Columns [n0, n1) of y = x · W: down W's rows in blocks, the next block's row segments
-// prefetched from inside the current block's arithmetic (`gemm_panel_pf`).
-void mm_chunk(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+// out[:, n0:n1] = x[:, r0:r1] · W[r0:r1, n0:n1] (out's row stride N).
+void mm_task(const float* x, const float* w, float* out, int64_t M, int64_t K, int64_t N, int64_t r0, int64_t r1,
+             int64_t n0, int64_t n1) {
   const char* col0 = reinterpret_cast<const char*>(w + n0);
-  RowPrefetch pf{col0 + std::min(K, kRowBlock) * N * 4, col0 + K * N * 4, 0, (n1 - n0) * 4, N * 4};
-  for (int64_t k0 = 0; k0 < K; k0 += kRowBlock) {
-    const int64_t kb = std::min(kRowBlock, K - k0);
+  RowPrefetch pf{col0 + std::min(r1, r0 + kRowBlock) * N * 4, col0 + r1 * N * 4, 0, (n1 - n0) * 4, N * 4};
+  for (int64_t k0 = r0; k0 < r1; k0 += kRowBlock) {
+    const int64_t kb = std::min(kRowBlock, r1 - k0);
     for (int64_t n = n0; n < n1; n += PW) {
       const float* b = w + k0 * N + n;
       switch (std::min(PW, n1 - n) / W) {
-        case 1: gemm_panel<1>(M, kb, x + k0, K, 1, b, N, y + n, N, k0 > 0); break;
+        case 1: gemm_panel<1>(M, kb, x + k0, K, 1, b, N, out + n, N, k0 > r0); break;
 #if NV_MAX_IS_4
-        case 2: gemm_panel<2>(M, kb, x + k0, K, 1, b, N, y + n, N, k0 > 0); break;
-        case 3: gemm_panel<3>(M, kb, x + k0, K, 1, b, N, y + n, N, k0 > 0); break;
+        case 2: gemm_panel<2>(M, kb, x + k0, K, 1, b, N, out + n, N, k0 > r0); break;
+        case 3: gemm_panel<3>(M, kb, x + k0, K, 1, b, N, out + n, N, k0 > r0); break;
 #endif
-        default: gemm_panel_pf(M, kb, x + k0, K, 1, b, N, y + n, N, k0 > 0, pf); break;
+        default: gemm_panel_pf(M, kb, x + k0, K, 1, b, N, out + n, N, k0 > r0, pf); break;
       }
     }
   }
@@ -352,10 +354,23 @@ ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   if (K == 0) std::fill(yp, yp + M * N, 0.0f);
   if (M == 0 || N == 0 || K == 0) return ffi::Error::Success();
   const float *xp = x.typed_data(), *wp = w.typed_data();
-  const int64_t tasks = (N + kColChunk - 1) / kColChunk;
-  pool_for(pool, tasks, num_workers(tasks), [&](int64_t t) {
-    mm_chunk(xp, wp, yp, M, K, N, t * kColChunk, std::min(N, (t + 1) * kColChunk));
+  // R row ranges × C column chunks, one task each, for the pool's workers.
+  const int64_t blocks = (K + kRowBlock - 1) / kRowBlock, panels = (N + PW - 1) / PW;
+  const int workers = num_workers(blocks * panels);
+  const int64_t R = std::min<int64_t>({blocks, workers, kMaxRowSplit});
+  const int64_t C = std::min<int64_t>(panels, std::max<int64_t>(1, workers / R));
+  const int64_t cw = (panels + C - 1) / C * PW;
+  std::unique_ptr<float[]> part(R > 1 ? new float[(R - 1) * M * N] : nullptr);
+  pool_for(pool, R * C, workers, [&](int64_t t) {
+    const int64_t r = t / C, c = t % C, n0 = c * cw, n1 = std::min(N, n0 + cw);
+    if (n0 >= n1) return;
+    mm_task(xp, wp, r ? part.get() + (r - 1) * M * N : yp, M, K, N, r * blocks / R * kRowBlock,
+            std::min(K, (r + 1) * blocks / R * kRowBlock), n0, n1);
   });
+  for (int64_t r = 1; r < R; ++r) {
+    const float* pr = part.get() + (r - 1) * M * N;
+    for (int64_t i = 0; i < M * N; i += W) store(yp + i, load(yp + i) + load(pr + i));
+  }
   return ffi::Error::Success();
 }
 
