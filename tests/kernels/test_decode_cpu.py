@@ -83,10 +83,12 @@ def test_attend_write_reads_before_it_writes():
   np.testing.assert_allclose(v2, v.at[:, :, 5].set(vn[:, 0]), atol=0)
 
 
-@pytest.mark.parametrize("m,k,n", [(1, 64, 16), (8, 512, 1536), (16, 100, 272), (32, 7, 48), (5, 130, 512)])
+@pytest.mark.parametrize("m,k,n", [(1, 64, 16), (8, 512, 1536), (16, 100, 272), (32, 7, 48), (5, 130, 512),
+                                   (4, 20, 320)])
 def test_matmul_equals_xla(m, k, n):
-  """Row groups of 6 and their tails, K not a multiple of the 64-row block, N not a multiple of the
-  256-column task or the micro-kernel's panel (but of the vector width)."""
+  """Row groups of 6 and their tails; K split into row ranges whose partial products are summed
+  (on ≥ 2 cores), not a multiple of the 32-row block; N not a multiple of the micro-kernel's panel
+  (but of the vector width), and in column chunks when K is a single block (4, 20, 320)."""
   rng = np.random.default_rng(m * k)
   x, w = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in ((m, k), (k, n)))
   assert decode_cpu.supports_matmul(x, w)
