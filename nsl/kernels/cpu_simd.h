@@ -1,6 +1,7 @@
 // What nsl's CPU kernels share: the build host's float vectors (GCC vector extensions), the
-// register-blocked product micro-kernel, a vector exp, and a task pool over the host's cores.
-// Included by flash_cpu.cc and head_cpu.cc, which `nsl.kernels.cpu_build` compiles into one library.
+// register-blocked product micro-kernel (with an optional paced prefetch of a streamed operand), a
+// vector exp, and a task pool over the host's cores. Included by flash_cpu.cc, head_cpu.cc and
+// decode_cpu.cc, which `nsl.kernels.cpu_build` compiles into one library.
 #pragma once
 
 #include <algorithm>
