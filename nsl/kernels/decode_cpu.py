@@ -18,10 +18,8 @@ queries, skipping blocks no query sees, and stream each weight once with prefetc
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from nsl.kernels import cpu_build
 
@@ -35,13 +33,21 @@ def vector_width() -> int | None:
   return cpu_build.constant("NslDecodeCpuVectorWidth")
 
 
+def _one_cpu_device() -> bool:
+  """The computation being traced runs on the CPU, on one device (the kernels see whole arrays)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return jax.default_backend() == "cpu" and (mesh.empty or mesh.size == 1)
+
+
+def _require() -> None:
+  if (reason := cpu_build.load()) is not None:
+    raise RuntimeError(f"the CPU decode kernels are unavailable: {reason}")
+
+
 def supports(q_BQHD, k_BHDS) -> bool:
   """Whether `attend` takes this step: a CPU computation on one device, float32, 1-16 queries, a
   head dim that is a multiple of `vector_width()`."""
-  if jax.default_backend() != "cpu":
-    return False
-  mesh = jax.sharding.get_abstract_mesh()
-  if not mesh.empty and mesh.size > 1:
+  if not _one_cpu_device():
     return False
   if q_BQHD.dtype != jnp.float32 or k_BHDS.dtype != jnp.float32 or not 1 <= q_BQHD.shape[1] <= MAX_QUERIES:
     return False
@@ -49,34 +55,36 @@ def supports(q_BQHD, k_BHDS) -> bool:
   return w is not None and q_BQHD.shape[-1] % w == 0
 
 
+def _attend_operands(q, k, v, visible, k_new, v_new, visible_new):
+  f32 = lambda x: x.astype(jnp.float32)
+  return f32(q), f32(k), f32(v), visible.astype(jnp.bool_), f32(k_new), f32(v_new), visible_new.astype(jnp.bool_)
+
+
+def _attend_results(q_BQHD):
+  """out [B, Q, H, Dh] and lse [B, H, Q]."""
+  b, nq, h, _ = q_BQHD.shape
+  return (jax.ShapeDtypeStruct(q_BQHD.shape, jnp.float32), jax.ShapeDtypeStruct((b, h, nq), jnp.float32))
+
+
 def attend(q_BQHD, k_BHDS, v_BHSD, visible_BQS, k_new_BNHD, v_new_BNHD, visible_new_BQN):
   """Attention of queries q over cached keys (K [B, H, Dh, S], V [B, H, S, Dh], the cache's
   head-major layout, visible where `visible_BQS`) and the step's own keys (K/V [B, N, H, Dh],
   visible where `visible_new_BQN`): -> out [B, Q, H, Dh], lse [B, H, Q] (float32)."""
-  if (reason := cpu_build.load()) is not None:
-    raise RuntimeError(f"the CPU decode kernel is unavailable: {reason}")
-  b, nq, h, _ = q_BQHD.shape
-  call = jax.ffi.ffi_call(TARGET, (jax.ShapeDtypeStruct(q_BQHD.shape, jnp.float32),
-                                   jax.ShapeDtypeStruct((b, h, nq), jnp.float32)), vmap_method="sequential")
-  f32 = lambda x: x.astype(jnp.float32)
-  return call(f32(q_BQHD), f32(k_BHDS), f32(v_BHSD), visible_BQS.astype(jnp.bool_), f32(k_new_BNHD),
-              f32(v_new_BNHD), visible_new_BQN.astype(jnp.bool_))
-
+  _require()
+  args = _attend_operands(q_BQHD, k_BHDS, v_BHSD, visible_BQS, k_new_BNHD, v_new_BNHD, visible_new_BQN)
+  return jax.ffi.ffi_call(TARGET, _attend_results(q_BQHD), vmap_method="sequential")(*args)
 
 
 def attend_write(q_BQHD, k_BHDS, v_BHSD, visible_BQS, k_new_BNHD, v_new_BNHD, visible_new_BQN, write_N):
   """`attend`, and the step's K/V written into the cache at entries `write_N` [N] (out of range:
   not kept) after the reads: -> (out, lse, K, V), the cache updated in place (aliased), so a decode
   loop's per-layer buffers are read and written in one pass."""
-  if (reason := cpu_build.load()) is not None:
-    raise RuntimeError(f"the CPU decode kernel is unavailable: {reason}")
-  b, nq, h, _ = q_BQHD.shape
-  f32 = lambda x: x.astype(jnp.float32)
-  shapes = (jax.ShapeDtypeStruct(q_BQHD.shape, jnp.float32), jax.ShapeDtypeStruct((b, h, nq), jnp.float32),
-            jax.ShapeDtypeStruct(k_BHDS.shape, jnp.float32), jax.ShapeDtypeStruct(v_BHSD.shape, jnp.float32))
+  _require()
+  args = _attend_operands(q_BQHD, k_BHDS, v_BHSD, visible_BQS, k_new_BNHD, v_new_BNHD, visible_new_BQN)
+  shapes = _attend_results(q_BQHD) + (jax.ShapeDtypeStruct(k_BHDS.shape, jnp.float32),
+                                      jax.ShapeDtypeStruct(v_BHSD.shape, jnp.float32))
   call = jax.ffi.ffi_call(WRITE_TARGET, shapes, vmap_method="sequential", input_output_aliases={1: 2, 2: 3})
-  return call(f32(q_BQHD), f32(k_BHDS), f32(v_BHSD), visible_BQS.astype(jnp.bool_), f32(k_new_BNHD),
-              f32(v_new_BNHD), visible_new_BQN.astype(jnp.bool_), write_N.astype(jnp.int32))
+  return call(*args, write_N.astype(jnp.int32))
 
 
 MAX_ROWS = 32  # decode_cpu.cc's kMaxRows
@@ -85,10 +93,7 @@ MAX_ROWS = 32  # decode_cpu.cc's kMaxRows
 def supports_matmul(x_MK, w_KN) -> bool:
   """Whether `matmul` takes x [M, K] · w [K, N]: a CPU computation on one device, float32, at most
   `MAX_ROWS` rows (a decode step's; XLA runs larger products), N a multiple of `vector_width()`."""
-  if jax.default_backend() != "cpu" or x_MK.ndim != 2 or w_KN.ndim != 2 or not 1 <= x_MK.shape[0] <= MAX_ROWS:
-    return False
-  mesh = jax.sharding.get_abstract_mesh()
-  if not mesh.empty and mesh.size > 1:
+  if not _one_cpu_device() or x_MK.ndim != 2 or w_KN.ndim != 2 or not 1 <= x_MK.shape[0] <= MAX_ROWS:
     return False
   if x_MK.dtype != jnp.float32 or w_KN.dtype != jnp.float32:
     return False
@@ -101,8 +106,7 @@ def matmul(x_MK, w_KN):
   """x [M, K] · w [K, N] in the kernel (`decode_cpu.cc`, "few-row products"): each weight read
   once, streamed with prefetching. Differentiable (XLA's products in the backward pass), although
   decoding is what uses it."""
-  if (reason := cpu_build.load()) is not None:
-    raise RuntimeError(f"the CPU decode kernels are unavailable: {reason}")
+  _require()
   call = jax.ffi.ffi_call(MATMUL_TARGET, jax.ShapeDtypeStruct((x_MK.shape[0], w_KN.shape[1]), jnp.float32),
                           vmap_method="sequential")
   return call(x_MK, w_KN)
