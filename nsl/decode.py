@@ -200,13 +200,34 @@ def decode_step(dims, plan: SlotPlan, params, cache, token_B, index, rope=None):
 # ----------------------------------------------------------------------------- generation
 
 
+ARGMAX_CHUNK = 64
+
+
+def argmax(logits_BV):
+  """`jnp.argmax` over the last axis (the first index of the maximum, or of the first NaN), in two
+  levels: the max of each 64-wide chunk (NaN counted as +inf: XLA:CPU's max does not keep NaN),
+  the first chunk holding the row's maximum, and `jnp.argmax` inside it. The same index as
+  `jnp.argmax` except in a row holding +inf in an earlier chunk than its first NaN (there: the
+  +inf's). Why: XLA:CPU's (value, index) reduce of `jnp.argmax` took 0.7 ms of an XS decode step
+  for [8, 50,304] logits (3% of the step); the chunked form is a max reduction and one 64-wide
+  argmax per row (~0.1 ms). -> int32 [...]."""
+  c = ARGMAX_CHUNK
+  pad = (-logits_BV.shape[-1]) % c
+  # -inf padding is never before a real entry's maximum (first occurrence), and wins only a row of -inf, at 0
+  padded = jnp.pad(logits_BV, [(0, 0)] * (logits_BV.ndim - 1) + [(0, pad)], constant_values=-jnp.inf) if pad else logits_BV
+  chunks = padded.reshape(padded.shape[:-1] + (-1, c))
+  j = jnp.argmax(jnp.max(jnp.where(jnp.isnan(chunks), jnp.inf, chunks), axis=-1), axis=-1)
+  inside = jnp.take_along_axis(chunks, j[..., None, None], axis=-2)[..., 0, :]
+  return (j * c + jnp.argmax(inside, axis=-1)).astype(jnp.int32)
+
+
 def sample(logits_BV, rng, temperature):
   """Greedy where `temperature` is 0, else a draw from softmax(logits / temperature).
   `temperature` may be traced (one compiled program serves both); a `lax.cond` runs only the
   branch it needs, so greedy decoding makes no Gumbel noise (B·V random draws per token, ~15% of
   an XS decode step on CPU when both branches ran)."""
   t = jnp.asarray(temperature, jnp.float32)
-  greedy = lambda lg: jnp.argmax(lg, axis=-1).astype(jnp.int32)
+  greedy = argmax
   drawn = lambda lg: jax.random.categorical(rng, lg / jnp.where(t > 0, t, 1.0), axis=-1).astype(jnp.int32)
   return jax.lax.cond(t > 0, drawn, greedy, logits_BV)
 

@@ -328,3 +328,20 @@ def test_a_family_without_this_decoder_is_a_config_error():
   fam.name, fam.decodes_with_trunk = "double_decoder", False  # instance attributes: the class keeps its own
   with pytest.raises(ConfigError, match="dd_decode"):
     fam.slot_plan()
+
+
+@pytest.mark.parametrize("v", [264, 50304, 100])
+def test_argmax_is_jnp_argmax(v):
+  """`decode.argmax` (two levels of chunks) returns jnp.argmax's index: the first maximum, ties
+  across and inside chunks, a NaN (the first one), a row of -inf, a vocabulary off the chunk."""
+  rng = np.random.default_rng(v)
+  x = rng.normal(size=(7, v)).astype(np.float32)
+  x[1, [3, v - 1]] = 9.0  # a tie across chunks
+  x[2, [v // 2, v // 2 + 1]] = 9.0  # a tie inside a chunk
+  x[3, [5, v - 2]] = np.nan
+  x[4] = -np.inf
+  x[5] = np.round(x[5])  # many ties
+  x[6, v - 1] = 50.0  # the last entry (the padded chunk when v is off the chunk)
+  got = jax.jit(decode.argmax)(jnp.asarray(x))
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(jnp.argmax(jnp.asarray(x), axis=-1)))
+  assert got.dtype == jnp.int32
