@@ -92,7 +92,7 @@ class Decoder:
       z, h = latent_and_h(out)
       p_logits = head(p, h)  # [B, k+1, V]; p_logits[:, j] is the law of the token after seq[:, j]
       if temp == 0:
-        ok = drafts_BK == jnp.argmax(p_logits[:, :k], axis=-1)
+        ok = drafts_BK == decode.argmax(p_logits[:, :k])
       else:
         pp = jax.nn.softmax(p_logits[:, :k] / temp, axis=-1)
         qq = jax.nn.softmax(q_BKV / temp, axis=-1)
@@ -102,7 +102,7 @@ class Decoder:
       n_acc = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)[0]  # batch 1
       p_next = p_logits[:, n_acc]  # [B, V]
       if temp == 0:
-        nxt = jnp.argmax(p_next, axis=-1).astype(jnp.int32)
+        nxt = decode.argmax(p_next)
       else:
         pn = jax.nn.softmax(p_next / temp, axis=-1)
         qn = jax.nn.softmax(q_BKV[:, jnp.minimum(n_acc, k - 1)] / temp, axis=-1)

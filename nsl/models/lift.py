@@ -75,7 +75,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from nsl import masks
+from nsl import decode, masks
 from nsl.errors import ConfigError
 from nsl.models import kv_cache, layers
 from nsl.models.family import Family, train_flops_per_token
@@ -314,7 +314,7 @@ def _own_state_scan(dims, spec, model, params, tokens_BT, choose_token=None, fee
     if spec.has_channel:
       fed = (state_embedding(logits, spec.top_k, spec.temperature, p["embed"]["embedding"]) if feed == "own"
              else jnp.broadcast_to(p["state_bias"].astype(jnp.float32), (B, d)))
-    return (cache, fed, jnp.argmax(logits, -1).astype(tokens_BT.dtype)), (logits, tok)
+    return (cache, fed, decode.argmax(logits).astype(tokens_BT.dtype)), (logits, tok)
 
   _, (logits_TBV, toks_TB) = jax.lax.scan(body, (cache, first, tokens_BT[:, 0]), jnp.arange(T))
   return jnp.swapaxes(logits_TBV, 0, 1), jnp.swapaxes(toks_TB, 0, 1)
