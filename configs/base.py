@@ -43,7 +43,7 @@ def get_config() -> ml_collections.ConfigDict:
   # The trunk's identical layers as one nn.scan (compiles one layer body): on for the paper ladder.
   c.model.scan_layers = False
   c.model.attention_impl = "auto"  # auto | xla | chunked | splash | pallas_gpu
-  # Attention tile (kernel block) size; 0 = per platform and length (nsl.attention.tile_size).
+  # Attention tile (kernel block) size; 0 = per platform and length (nsl.nn.attention.tile_size).
   c.model.attention_chunk = 0
   # Standard: optional sliding window over keys. SPS: the temporary-key window w. None = unbounded.
   c.model.window = ml_collections.config_dict.placeholder(int)

@@ -10,7 +10,7 @@ Paper recipe: widths 6.25M=192, 12.5M=256, 25M=448, 50M=576, 100M=832; heads d/6
 (6m, 12m) else 8+4 (context:generation = 2:1); sequence 2048; AdamW (0.9, 0.95) eps 1e-8; 5%
 warmup then linear decay to 10% of the peak; tuned base LRs DD 0.01, SED 0.004, decoder-only
 0.01. Those are μP base LRs (base width 64), and every config here trains with μP:
-`model.mup_base_width = 64` (nsl/models/mup.py: hidden matrices' init std / sqrt(m) and Adam LR
+`model.mup_base_width = 64` (nsl/nn/mup.py: hidden matrices' init std / sqrt(m) and Adam LR
 / m, logits × 1/m, attention q·k/d_head, for m = d_model / 64), so `train.lr` is the base LR at
 every width. Set `--config.model.mup_base_width=0` for standard parametrisation.
 
@@ -57,7 +57,7 @@ def set_schedule(c, steps: int):
 def _family_fields(c, arch: str, gen_layers: int):
   c.family = FAMILY[arch]
   c.model.variant = VARIANT[arch]
-  # μP (nsl/models/mup.py); 0 / None = standard parametrisation. Validated in nsl.config.validate.
+  # μP (nsl/nn/mup.py); 0 / None = standard parametrisation. Validated in nsl.config.validate.
   c.model.mup_base_width = MUP_BASE_WIDTH
   if arch in ("dd", "sed"):
     c.model.gen_layers = gen_layers

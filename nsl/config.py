@@ -440,7 +440,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None, 
     raise ConfigError(f"config.model.dtype={m.dtype!r} must be one of {DTYPES}")
   if m.remat not in REMAT:
     raise ConfigError(f"config.model.remat={m.remat!r} must be one of {REMAT}")
-  from nsl import attention
+  from nsl.nn import attention
   if m.attention_impl not in attention.IMPLS:
     raise ConfigError(f"config.model.attention_impl={m.attention_impl!r} must be one of {attention.IMPLS}")
   if t.schedule not in SCHEDULES:
@@ -463,6 +463,6 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None, 
     if micro % data_parallel:
       raise ConfigError(f"the micro-batch train.batch_size/train.grad_accum={micro} is not divisible by "
                         f"the {data_parallel} data-parallel devices (mesh data x fsdp)")
-  from nsl.models import mup
+  from nsl.nn import mup
   mup.validate(config)  # model.mup_base_width (μP), checked here and only here
   registry.get_family_class(config.family).validate(config)

@@ -7,14 +7,14 @@ group per new token, both through the model's own `layers.Stack` with a `kv_cach
 (`trunk`; the same modules and parameter tree as training, scanned over the layers):
 
 - **prefill** runs the prompt's slots in the family's physical layout through the training path
-  (`nsl.attention.attend`: the CPU kernel on CPU) and writes every layer's K/V;
+  (`nsl.nn.attention.attend`: the CPU kernel on CPU) and writes every layer's K/V;
 - **extend** / **decode** feed new groups (one, or a self-speculative round's k+1): queries are
   their slots, keys the cache plus their own, visibility the family's `masks.Rule` on explicit
   per-slot fields (positions are dynamic here), in `KVCache.attend` (attend_dense's softmax with
   the cached and the new keys scored apart, over the cache's head-major layout). Only the
   read-out slot of each group reaches the head (one B x V product per decoded token).
 
-The cache (nsl/models/kv_cache.py) keeps persistent slots for every token and the temporary
+The cache (nsl/nn/kv_cache.py) keeps persistent slots for every token and the temporary
 slot of the last w tokens in a ring: per layer and row T slots for standard, T + w for sps /
 delayed_state / reverse_sps, 2T for twox_memory. `sample` is the one sampler of every decoder.
 Greedy (`temperature=0`) or temperature sampling.
@@ -30,8 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsl import attention, masks
-from nsl.models import kv_cache, layers
+from nsl.nn import attention, kv_cache, layers, masks
 
 P, T_ = masks.PERSISTENT, masks.TEMPORARY
 

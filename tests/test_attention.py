@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nsl import attention, masks
+from nsl.nn import attention, masks
 
 
 def _inputs(b=2, s=64, h=2, d=8, seed=0):

@@ -150,7 +150,7 @@ def test_single_stream_families_share_the_standard_trunk():
 def test_unrolled_stack_takes_the_cache_like_the_scanned_one():
   """`layers.Stack` with `block_i` parameters runs the cached call as a Python loop over its
   blocks; it writes the same cache and returns the same states as the scanned decoder path."""
-  from nsl.models import layers
+  from nsl.nn import layers
 
   fam, params = _family("standard", None, family="standard")
   dims, plan = fam.dims, fam.slot_plan()

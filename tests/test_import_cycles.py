@@ -1,10 +1,11 @@
-"""No module of nsl imports a module that imports it back (issue #18), deferred imports included.
+"""No module of nsl imports a module that imports it back, deferred and type-checking imports
+included, and each floor imports only the floors below it.
 
-A function-level `import` hides a cycle from Python but not from the reader: the two modules
-still cannot be understood, tested or moved apart. This test parses every module under nsl/
-with `ast`, takes every import statement wherever it sits (module level, in a function, in a
-try block; not under `if TYPE_CHECKING:`), resolves it to nsl modules, and fails on any
-strongly connected group of two or more modules.
+A function-level or `if TYPE_CHECKING:` import hides a cycle from Python but not from the reader:
+the two modules still cannot be understood, tested or moved apart. This test parses every module
+of the package (nsl/, and kernels/ as nsl.kernels) with `ast`, takes every import statement
+wherever it sits, resolves it to nsl modules, and fails on any strongly connected group of two
+or more modules.
 """
 
 from __future__ import annotations
@@ -23,39 +24,44 @@ from tests.helpers import ROOT
 KNOWN_CYCLES: set[frozenset[str]] = set()
 
 
-def module_names(package_dir: Path) -> dict[str, Path]:
-  """Dotted module name -> file, for every .py file under `package_dir` (a package)."""
-  root = package_dir.parent
+# Floors, lowest first: a module may import its own floor and those below, never one above.
+# The attention rules (`nsl.nn.masks`) are what the kernels implement; the kernels and the rest of
+# `nsl.nn` (attention, layers, KV cache, μP) sit below decoding and the families; the families
+# below what trains, evaluates, benchmarks and studies them.
+FLOORS = (("nsl.nn.masks",), ("nsl.kernels",), ("nsl.nn",), ("nsl.decode",), ("nsl.models",),
+          ("nsl.train", "nsl.evals", "nsl.bench", "nsl.scaling", "nsl.speculative"))
+
+
+def module_names(package_dir: Path, name: str | None = None) -> dict[str, Path]:
+  """Dotted module name -> file, for every .py file under `package_dir` (a package imported as
+  `name`, by default its folder's name)."""
   out = {}
   for path in sorted(package_dir.rglob("*.py")):
-    parts = list(path.relative_to(root).with_suffix("").parts)
+    parts = list(path.relative_to(package_dir).with_suffix("").parts)
     if parts[-1] == "__init__":
       parts = parts[:-1]
-    out[".".join(parts)] = path
+    out[".".join([name or package_dir.name] + parts)] = path
   return out
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-  return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-      isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+def nsl_modules() -> dict[str, Path]:
+  """nsl's modules, the kernels (kept in the top-level kernels/ folder) under nsl.kernels."""
+  return {**module_names(Path(ROOT) / "nsl"), **module_names(Path(ROOT) / "kernels", "nsl.kernels")}
 
 
 def _imports(tree: ast.AST):
-  """Every Import / ImportFrom node that can run (skips `if TYPE_CHECKING:` bodies)."""
+  """Every Import / ImportFrom node, `if TYPE_CHECKING:` bodies included."""
   stack = [tree]
   while stack:
     node = stack.pop()
-    if isinstance(node, ast.If) and _is_type_checking(node.test):
-      stack.extend(node.orelse)
-      continue
     if isinstance(node, (ast.Import, ast.ImportFrom)):
       yield node
     stack.extend(ast.iter_child_nodes(node))
 
 
-def import_graph(package_dir: Path) -> dict[str, set[str]]:
+def import_graph(package_dir: Path | dict[str, Path]) -> dict[str, set[str]]:
   """Module -> the package's modules it imports anywhere in its body."""
-  modules = module_names(package_dir)
+  modules = package_dir if isinstance(package_dir, dict) else module_names(package_dir)
   graph: dict[str, set[str]] = {m: set() for m in modules}
   for name, path in modules.items():
     is_pkg = path.name == "__init__.py"
@@ -120,8 +126,32 @@ def _describe(group: frozenset[str], graph: dict[str, set[str]]) -> str:
   return "{" + ", ".join(sorted(group)) + "}: " + "; ".join(edges)
 
 
+def _floor(module: str) -> int | None:
+  for i, floor in enumerate(FLOORS):
+    if any(module == m or module.startswith(m + ".") for m in floor):
+      return i
+  return None
+
+
+def test_each_floor_imports_only_floors_below():
+  graph = import_graph(nsl_modules())
+  upward = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                  if _floor(a) is not None and _floor(b) is not None and _floor(b) > _floor(a))
+  assert not upward, "imports that run up a floor (see FLOORS):\n" + "\n".join(upward)
+
+
+def test_models_holds_only_families():
+  """nsl/models/: the family base, the families, their registry and their own helpers; the
+  building blocks every family shares live in nsl/nn/."""
+  from nsl.models import registry
+
+  shared = {"layers", "kv_cache", "mup", "attention", "masks"}
+  assert not shared & {p.stem for p in (Path(ROOT) / "nsl" / "models").glob("*.py")}
+  assert registry.FAMILIES, "the registry names the families"
+
+
 def test_nsl_has_no_import_cycles():
-  graph = import_graph(Path(ROOT) / "nsl")
+  graph = import_graph(nsl_modules())
   found = cycles(graph)
   new = [g for g in found if g not in KNOWN_CYCLES]
   assert not new, "import cycles (break them; see the module docstring):\n" + "\n".join(
@@ -139,8 +169,9 @@ def test_the_check_finds_a_cycle(tmp_path, deferred):
   (pkg / "sub" / "__init__.py").write_text("")
   (pkg / "a.py").write_text("from pkg.sub import b\n")
   body = "def f():\n  from .. import a\n" if deferred else "import pkg.a as a\n"
-  (pkg / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n  from pkg import c\n" + body)
-  (pkg / "c.py").write_text("from pkg.sub import b\n")  # b -> c only under TYPE_CHECKING: no cycle
+  (pkg / "sub" / "b.py").write_text(body)
+  (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n  from pkg import d\n")
+  (pkg / "d.py").write_text("import pkg.c\n")  # c -> d only under TYPE_CHECKING: still a cycle
   graph = import_graph(pkg)
   assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.a"}
-  assert cycles(graph) == [frozenset({"pkg.a", "pkg.sub.b"})]
+  assert sorted(map(sorted, cycles(graph))) == [["pkg.a", "pkg.sub.b"], ["pkg.c", "pkg.d"]]

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from nsl import masks
+from nsl.nn import masks
 from nsl.models import sps as sps_family
 from tests.helpers import run_cli
 

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from nsl import masks
+from nsl.nn import masks
 
 
 def brute(rule, q, k):

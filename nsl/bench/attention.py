@@ -4,7 +4,7 @@ For each rule (causal, window, sps_interleaved, sps_stream_major, delayed, dd_se
 each length S (slots), prints one JSON line with
 - `visible_fraction`: visible (query, key) pairs / S², with the benchmark's segment and block ids;
 - `tile_fraction`: (query tile, key tile) pairs a block-sparse kernel visits / all tiles (the
-  static block map of `nsl.masks.block_map` at `--block`), and `tiles_vs_causal_triangle`;
+  static block map of `nsl.nn.masks.block_map` at `--block`), and `tiles_vs_causal_triangle`;
 - `time_s`: forward + backward wall time (median of `--repeats` runs after one compile/warm-up
   call) of each implementation, measured in the same process, and `chunked_over_xla`.
 
@@ -44,7 +44,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsl import attention, hostmem, masks
+from nsl import hostmem
+from nsl.nn import attention, masks
 from nsl.errors import ArgumentParser, ConfigError, NslError, cli_main
 from nsl.kernels import rules as kernel_rules
 from nsl.models import sps

@@ -24,7 +24,7 @@ speed and memory do not depend on the weights), a batch of `--batch` random prom
 Model-size and window overrides take the launcher's form: `--config.model.window=64`.
 
 Other families: a `double_decoder` config is compared with decoder-only at matched size (KV-cache
-bytes and decode tokens/s, `nsl.models.dd_decode.compare`); a `nextlat` config compares plain and
+bytes and decode tokens/s, `nsl.bench.dd_decode.compare`); a `nextlat` config compares plain and
 self-speculative decoding (tokens/s, mean accepted tokens per draft; `--workdir=RUN` for a
 trained model, whose validation rows give the prompts: for a planning task, `--prompt_len` = the
 task's prompt length and `--new_tokens` = its answer length decode exactly the answers).
@@ -56,6 +56,7 @@ import numpy as np
 
 from nsl import hostmem
 from nsl.errors import ArgumentParser, ConfigError, cli_main
+from nsl import runs
 
 VARIANTS = ("standard", "sps", "twox_memory", "delayed_state", "reverse_sps")
 
@@ -243,9 +244,9 @@ def main(argv=None) -> int:
 
 def _double_decoder(base, args) -> int:
   """Double decoder vs decoder-only at matched size (the same layers in one causal stack):
-  KV-cache bytes and decode tokens/s side by side (`nsl.models.dd_decode.compare`)."""
+  KV-cache bytes and decode tokens/s side by side (`nsl.bench.dd_decode.compare`)."""
   from nsl import config as nsl_config
-  from nsl.models import dd_decode
+  from nsl.bench import dd_decode
 
   decoder_only = copy.deepcopy(base)
   decoder_only.family, decoder_only.model.variant = "standard", "standard"
@@ -270,9 +271,8 @@ def _nextlat(base, args) -> int:
 
   if args.workdir:
     from nsl.data import pipeline
-    from nsl.evals import common
 
-    config, family, params = common.load_run(args.workdir)
+    config, family, params = runs.load_run(args.workdir)
     batch = next(iter(pipeline.make_eval_batches(config.data.path, "val", seq_len=config.data.seq_len,
                                                  batch_size=args.batch, max_batches=1)))
     prompts = [np.asarray(row[:args.prompt_len], np.int32) for row in batch["tokens"]]

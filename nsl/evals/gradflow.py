@@ -36,8 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from nsl import attention
+from nsl.nn import attention
 from nsl.errors import ArgumentParser, NslError, cli_main
+from nsl import runs
 
 MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -53,7 +54,7 @@ def perturbed_nll(family, params, batch, deltas, impl: str | None = None):
   Slots are in the family's physical layout; the function reproduces `family.model.apply`.
   """
   from nsl import decode
-  from nsl.models import layers
+  from nsl.nn import layers
 
   dims, plan = family.dims, family.slot_plan()
   inputs, targets, seg_in, weights = layers.next_token_targets(batch)
@@ -101,7 +102,7 @@ def zero_deltas(family, batch_rows: int, num_tokens: int):
 def slot_grad_norms(family, params, batch, chunk: int = 8, impl: str | None = None):
   """Squared norms ‖∇θ_s ℓ_j‖² for every read-out position j and slot s: [T, B, T, G] with the
   slot axis in logical (token, stream) order, plus the loss weights [B, T]."""
-  from nsl.models import layers
+  from nsl.nn import layers
 
   plan = family.slot_plan()
   params = jax.tree.map(lambda a: a.astype(jnp.float32), params)
@@ -158,14 +159,14 @@ def routing(norms_sq, weights, segment, max_offset: int) -> dict:
 def run(workdir: str, rows: int = 4, max_offset: int = 32, impl: str | None = None) -> dict:
   from nsl.evals import common
 
-  config, family, params = common.load_run(workdir)
+  config, family, params = runs.load_run(workdir)
   plan = family.slot_plan()
   batch = next(iter(common.eval_batches(config, batch_size=rows, max_batches=1)))
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
   norms_sq, weights = jax.jit(lambda p, bt: slot_grad_norms(family, p, bt, impl=impl))(params, batch)
   per_stream = routing(norms_sq, weights, batch["segment"][:, :-1], max_offset)
   return {
-      "workdir": os.path.abspath(workdir), "step": common.checkpoint_step(workdir),
+      "workdir": os.path.abspath(workdir), "step": runs.checkpoint_step(workdir),
       "family": config.family, "variant": config.model.get("variant"), "window": config.model.get("window"),
       "rows": rows, "tokens_per_row": int(config.data.seq_len), "max_offset": max_offset,
       "definition": "r(p,k) = ||grad_{theta_p} l_{p+k}|| / ||grad_{theta_p} l_p||, theta_p = trunk matrices "

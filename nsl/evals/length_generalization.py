@@ -39,6 +39,7 @@ import sys
 import numpy as np
 
 from nsl.errors import ArgumentParser, NslError, cli_main
+from nsl import runs
 
 CHANCE = 1.0 / 120
 # What the rows are, the default rows, chance (None: not meaningful) and the longest trained row.
@@ -76,10 +77,9 @@ def parse_lengths(spec: str) -> list[int]:
 
 
 def load_run(workdir: str):
-  """(config, family, params) of a trained run: `nsl.evals.common.load_run`."""
-  from nsl.evals import common
+  """(config, family, params) of a trained run: `nsl.runs.load_run`."""
 
-  return common.load_run(workdir, flag="--runs")
+  return runs.load_run(workdir, flag="--runs")
 
 
 def accuracy_by_length(family, params, heldout: dict, lengths: list[int], per_length: int, feed: str = "own",
@@ -170,15 +170,15 @@ def group_rows(results: dict[str, dict[int, float]], members: dict[str, list[tup
                lengths: list[int], chance: float | None) -> list[dict]:
   """Per group: seeds, mean and sd of accuracy per length, and each seed's solved-to / chance-from."""
   rows = []
-  for group, runs in members.items():
-    runs = sorted(runs, key=lambda r: r[1])
-    accs = np.array([[results[name][n] for n in lengths] for name, _ in runs])
-    row = {"group": group, "seeds": [seed for _, seed in runs], "runs": [name for name, _ in runs],
+  for group, group_runs in members.items():
+    group_runs = sorted(group_runs, key=lambda r: r[1])
+    accs = np.array([[results[name][n] for n in lengths] for name, _ in group_runs])
+    row = {"group": group, "seeds": [seed for _, seed in group_runs], "runs": [name for name, _ in group_runs],
            "mean": dict(zip(lengths, accs.mean(0).tolist())), "sd": dict(zip(lengths, accs.std(0).tolist())),
            "min": dict(zip(lengths, accs.min(0).tolist())), "max": dict(zip(lengths, accs.max(0).tolist())),
-           "solved_to": [solved_to(results[name]) for name, _ in runs]}
+           "solved_to": [solved_to(results[name]) for name, _ in group_runs]}
     if chance:
-      row["chance_from"] = [chance_from(results[name], 2 * chance) for name, _ in runs]
+      row["chance_from"] = [chance_from(results[name], 2 * chance) for name, _ in group_runs]
     rows.append(row)
   return rows
 

@@ -62,7 +62,7 @@ def _load_run(workdir: str):
   checkpoint, sharded as in training on a mesh of this host's devices (the config's mesh, or
   all devices data-parallel when that mesh does not fit here).
 
-  Unlike `nsl.evals.common.load_run` (first device only), the parameters keep the training
+  Unlike `nsl.runs.load_run` (first device only), the parameters keep the training
   shardings, because the trainer's eval step runs here on the mesh.
   """
   import flax.linen as nn

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from nsl.errors import ArgumentParser, NslError, cli_main
+from nsl import runs
 
 
 def spans(segment_BT: np.ndarray, weights_BT: np.ndarray):
@@ -44,7 +45,7 @@ def spans(segment_BT: np.ndarray, weights_BT: np.ndarray):
 def run(workdir: str, omega: int = 64, docs: int = 8000, batch_size: int = 8) -> dict:
   from nsl.evals import common
 
-  config, family, params = common.load_run(workdir)
+  config, family, params = runs.load_run(workdir)
   base_rule = family.rule
   probe_rule = dataclasses.replace(base_rule, persistent_window=omega)
   probe_model = family.with_rule(probe_rule)
@@ -82,7 +83,7 @@ def run(workdir: str, omega: int = 64, docs: int = 8000, batch_size: int = 8) ->
   mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
   beyond = count[omega + 1:].sum()
   return {
-      "workdir": os.path.abspath(workdir), "step": common.checkpoint_step(workdir), "family": config.family,
+      "workdir": os.path.abspath(workdir), "step": runs.checkpoint_step(workdir), "family": config.family,
       "variant": config.model.get("variant"), "window": config.model.get("window"), "omega": omega,
       "docs": n_docs, "docs_requested": docs, "targets": int(count.sum()),
       "base_nll": base_sum / count.sum(), "probe_nll": probe_sum / count.sum(),

@@ -31,13 +31,13 @@ import time
 import numpy as np
 
 from nsl.errors import ArgumentParser, NslError, cli_main
+from nsl import runs
 
 
 def load_run(workdir: str):
-  """(config, family, params) of a trained run: `nsl.evals.common.load_run`."""
-  from nsl.evals import common
+  """(config, family, params) of a trained run: `nsl.runs.load_run`."""
 
-  return common.load_run(workdir)
+  return runs.load_run(workdir)
 
 
 def greedy_batch(family, params, prompts_BN: np.ndarray, new_tokens: int) -> np.ndarray:
@@ -120,12 +120,11 @@ def checkpoint_params(workdir: str, config, family, steps_done=()):
   """(step, params) of every complete checkpoint of the run not in `steps_done`, oldest first."""
   import orbax.checkpoint as ocp
 
-  from nsl.evals import common
 
   directory = os.path.join(os.path.abspath(workdir), "checkpoints")
   if not os.path.isdir(directory):
     raise NslError(f"--workdir={workdir!r}: no checkpoints directory at {directory}")
-  abstract = common.abstract_train_state(config, family)
+  abstract = runs.abstract_train_state(config, family)
   manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
   try:
     for step in sorted(manager.all_steps()):
@@ -139,10 +138,9 @@ def checkpoint_params(workdir: str, config, family, steps_done=()):
 def evaluate_curve(workdir: str, limit: int | None = None, batch_size: int = 250,
                    data_dir: str | None = None) -> dict:
   """Every kept checkpoint scored (see the module docstring); writes WORKDIR/planning_curve.json."""
-  from nsl.evals import common
   from nsl.models import registry
 
-  config = common.load_config(workdir)
+  config = runs.load_config(workdir)
   family = registry.get_family(config)
   task, prompts, answers = _test_set(config, limit, data_dir)
   head = _header(workdir, config, task, prompts)

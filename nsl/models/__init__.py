@@ -1,1 +1,1 @@
-"""Model families: each expresses only its difference from the shared trunk (models/layers.py)."""
+"""Model families: each expresses only its difference from the shared trunk (nsl/nn/layers.py)."""

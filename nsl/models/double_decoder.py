@@ -23,7 +23,7 @@
 
 Layer split: `model.n_layers` is the total; `model.gen_layers` of them form the generation
 decoder (2:1 context:generation by default, e.g. 8+4). μP (`model.mup_base_width`, 64 in the
-paper's configs; nsl/models/mup.py): the cross K/V and GELU MLP matrices are hidden weights like
+paper's configs; nsl/nn/mup.py): the cross K/V and GELU MLP matrices are hidden weights like
 the trunk's (init std / sqrt(m), Adam LR / m); ComboAttention's queries come from
 `Attention.project_q`, so both halves score q·k/d_head.
 """
@@ -38,9 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsl import attention, masks
 from nsl.errors import ConfigError, NslError
-from nsl.models import kv_cache, layers
+from nsl.nn import attention, kv_cache, layers, masks
+from nsl.models import dd_decode
 from nsl.models.family import Family, train_flops_per_token
 
 CONTEXT_RULE = masks.Rule(causal=True, same_segment=True)
@@ -349,8 +349,6 @@ class DoubleDecoderFamily(Family):
   def generate(self, params, prompt_BN, new_tokens: int, *, temperature: float = 0.0, rng=None):
     """Cached generation (REFERENCES §2 "Inference"): the prompt is context, the new tokens one
     block from its last token on (`nsl.models.dd_decode.generate`)."""
-    from nsl.models import dd_decode
-
     return dd_decode.generate(self, params, prompt_BN, new_tokens, temperature=temperature, rng=rng)
 
   def flops_per_token(self) -> float:

@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsl import masks
+from nsl.nn import masks
 from nsl.errors import ConfigError
-from nsl.models.layers import Dims
+from nsl.nn.layers import Dims
 
 
 class Family:

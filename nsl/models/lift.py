@@ -75,9 +75,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from nsl import decode, masks
+from nsl import decode
 from nsl.errors import ConfigError
-from nsl.models import kv_cache, layers
+from nsl.nn import kv_cache, layers, masks
 from nsl.models.family import Family, train_flops_per_token
 from nsl.models.transformer import LM, standard_rule
 

@@ -63,8 +63,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from nsl import attention, masks
-from nsl.models import layers
+from nsl.nn import attention, layers, masks
 from nsl.models.family import Family, train_flops_per_token
 from nsl.models.latent_spec import MTPSpec, NextLatSpec, answer_token
 from nsl.models.transformer import LM, standard_rule

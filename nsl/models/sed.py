@@ -9,7 +9,7 @@ the tied head predicts them. Loss: CE over the targets (padding excluded). RoPE 
 in decoder self attention (each in its own compacted positions); no RoPE on cross attention.
 
 Layers: `model.n_layers` total, `model.gen_layers` of them in the decoder (2:1 like the double
-decoder's split). μP (`model.mup_base_width`; nsl/models/mup.py): the cross-attention matrices
+decoder's split). μP (`model.mup_base_width`; nsl/nn/mup.py): the cross-attention matrices
 are hidden weights (init std / sqrt(m), Adam LR / m) and its queries get `Dims.query_scale`, so
 every attention scores q·k/d_head.
 FLOPs are counted per *original* token: the encoder sees (L - n + s)/L of them, the decoder
@@ -24,10 +24,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from nsl import attention, masks
 from nsl.data import span_corruption
 from nsl.errors import ConfigError, NslError
-from nsl.models import layers
+from nsl.nn import attention, layers, masks
 from nsl.models.family import Family, train_flops_per_token
 
 ENCODER_RULE = masks.Rule(causal=False, same_segment=True)

@@ -40,9 +40,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsl import attention, masks
 from nsl.errors import ConfigError
-from nsl.models import layers, transformer
+from nsl.models import transformer
+from nsl.nn import attention, layers, masks
 from nsl.models.family import Family, train_flops_per_token
 
 VARIANTS = ("sps", "twox_memory", "delayed_state", "reverse_sps", "standard")

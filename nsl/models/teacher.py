@@ -37,6 +37,7 @@ import sys
 import numpy as np
 
 from nsl.errors import ArgumentParser, ConfigError, DataError, NslError, cli_main
+from nsl import runs
 
 
 def _read_config(workdir: str):
@@ -52,10 +53,9 @@ def _read_config(workdir: str):
 
 
 def load_run(workdir: str):
-  """(config, family, params) of a trained run: `nsl.evals.common.load_run`."""
-  from nsl.evals import common
+  """(config, family, params) of a trained run: `nsl.runs.load_run`."""
 
-  return common.load_run(workdir, flag="config.lift.teacher")
+  return runs.load_run(workdir, flag="config.lift.teacher")
 
 
 def tokenizer_fingerprint(config) -> str:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import flax.linen as nn
 
-from nsl import attention, masks
-from nsl.models import layers
+from nsl.nn import attention, layers, masks
 from nsl.models.family import Family, train_flops_per_token
 
 

@@ -18,7 +18,7 @@ from jax.experimental import multihost_utils
 import nsl
 from nsl import checkpoint, metrics, sharding
 from nsl import config as nsl_config
-from nsl.data import pipeline, prepare
+from nsl.data import bytes_per_token, pipeline, prepare
 from nsl.errors import ConfigError, NslError
 from nsl.models import registry
 from nsl.train import program as program_lib
@@ -283,12 +283,13 @@ class Trainer:
 
   def _result(self, status, step, last_loss, eval_loss, timing, nonfinite_total) -> dict[str, Any]:
     tokens = step * self.tokens_per_step
+    evals = {"val" + self.eval_suffix: eval_loss} if eval_loss is not None else {}
     return {
         "status": status, "family": self.config.family, "variant": self.config.model.variant,
         "seed": self.config.seed, "steps": step, "tokens": tokens, **self.counts,
         "flops_per_token": self.flops_per_token, "flops": self.flops_per_token * tokens,
         "flops_convention": FLOPS_CONVENTION, "final_loss": last_loss,
-        "eval": {"val" + self.eval_suffix: eval_loss} if eval_loss is not None else {},
+        "eval": evals, **bytes_per_token.record_fields(self.config.data.path, evals),
         "unigram_entropy_nats": self.manifest.get("unigram_entropy_nats"),
         **timing, "nonfinite_steps": nonfinite_total, "devices": jax.device_count(),
         "processes": jax.process_count(), "nsl_version": nsl.__version__,

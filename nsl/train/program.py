@@ -89,7 +89,7 @@ class Program:
 
   def describe(self) -> dict[str, Any]:
     """Choices the platform made for this program (read under its mesh, as tracing does)."""
-    from nsl import attention
+    from nsl.nn import attention
     with self.mesh_context():
       return {"platform": sharding.platform(),
               "attention_impl": attention.resolve_impl(self.config.model.attention_impl),

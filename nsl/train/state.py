@@ -46,8 +46,8 @@ def _decay_mask(params):
 def make_optimizer(config) -> optax.GradientTransformation:
   """Global-norm clipping, then AdamW; under μP (model.mup_base_width) each hidden matrix's
   update (its LR, and so its LR-coupled weight decay) is then scaled by 1/m
-  (`nsl.models.mup.scale_by_width`). Without μP the chain is exactly clip + AdamW."""
-  from nsl.models import mup
+  (`nsl.nn.mup.scale_by_width`). Without μP the chain is exactly clip + AdamW."""
+  from nsl.nn import mup
 
   t = config.train
   clip = [optax.clip_by_global_norm(t.clip_norm)] if t.clip_norm is not None else []  # None: no clipping

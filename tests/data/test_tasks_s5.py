@@ -8,7 +8,7 @@ import numpy as np
 
 from nsl.data import pipeline
 from nsl.data.tasks import arithmetic, s5
-from nsl.models import layers
+from nsl.nn import layers
 
 
 def test_generators_and_composition_table():

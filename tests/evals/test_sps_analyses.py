@@ -10,6 +10,7 @@ import pytest
 
 from nsl.evals import common, gradflow, persistent_window
 from nsl.train import loop
+from nsl import runs
 from tests.helpers import make_corpus, tiny_config
 
 STEPS = 8
@@ -40,16 +41,16 @@ def test_trainer_records_an_sps_run(run):
 
 def test_load_run_restores_the_final_parameters(run):
   workdir, trainer, _ = run
-  config, family, params = common.load_run(workdir)
+  config, family, params = runs.load_run(workdir)
   assert config.model.variant == "sps" and family.name == "sps"
-  assert common.checkpoint_step(workdir) == STEPS
+  assert runs.checkpoint_step(workdir) == STEPS
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(jax.device_get(trainer.final_state.params))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_perturbed_forward_is_the_model(run):
   workdir, _, _ = run
-  config, family, params = common.load_run(workdir)
+  config, family, params = runs.load_run(workdir)
   batch = {k: jnp.asarray(v) for k, v in next(iter(common.eval_batches(config, 2, 1))).items()}
   want, _ = jax.jit(lambda p: common.token_nll(family, p, batch))(params)
   deltas = gradflow.zero_deltas(family, 2, config.data.seq_len)

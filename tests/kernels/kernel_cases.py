@@ -1,7 +1,7 @@
 """Shared cases for the kernel tests: every nsl rule, with several documents per row.
 
 Each case is (rule, q Slots, k Slots) on small shapes; `check_against_dense` runs an
-implementation and the dense reference (`nsl.attention.attend_dense`) through the same jitted
+implementation and the dense reference (`nsl.nn.attention.attend_dense`) through the same jitted
 loss and compares outputs, lse and gradients for q, k, v.
 """
 
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsl import attention, masks
+from nsl.nn import attention, masks
 from nsl.models import sps
 
 # Kernels run compiled on their own platform, in Pallas interpret mode elsewhere (CPU CI).

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from nsl.kernels import cpu_build, decode_cpu
-from nsl.models import kv_cache
+from nsl.nn import kv_cache
 
 
 @pytest.fixture(scope="module", autouse=True)

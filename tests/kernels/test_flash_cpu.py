@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import kernel_cases as kc
-from nsl import attention
+from nsl.nn import attention
 from nsl.errors import ConfigError
 from nsl.kernels import cpu_build, flash_cpu
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import kernel_cases as kc
-from nsl import attention, masks
+from nsl.nn import attention, masks
 from nsl.errors import ConfigError
 from nsl.kernels import flash_gpu, rules
 
@@ -44,7 +44,7 @@ def test_skips_empty_tiles_in_stream_major():
 
 
 def test_rectangular_tiles_and_dispatch():
-  """block_q != block_k, and nsl.attention.attend(impl='pallas_gpu') reaches this kernel."""
+  """block_q != block_k, and nsl.nn.attention.attend(impl='pallas_gpu') reaches this kernel."""
   case = CASES["sps_stream_major"]
   kc.check_against_dense(case, _kernel(case, block_q=32, block_k=16), head_dim=32)
   q, k, v = kc.qkv(case, 2, 16)

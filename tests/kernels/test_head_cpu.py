@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from nsl.kernels import cpu_build, head_cpu
-from nsl.models import layers
+from nsl.nn import layers
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,10 +1,10 @@
-"""Tile plans and layout runs (nsl/kernels/rules.py), written from the rules rather than the code."""
+"""Tile plans and layout runs (kernels/rules.py), written from the rules rather than the code."""
 
 import numpy as np
 import pytest
 
 import kernel_cases as kc
-from nsl import masks
+from nsl.nn import masks
 from nsl.kernels import rules
 from nsl.models import sps
 

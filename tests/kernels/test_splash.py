@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import kernel_cases as kc
-from nsl import attention, masks
+from nsl.nn import attention, masks
 from nsl.errors import ConfigError
 from nsl.kernels import rules, splash
 

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nsl import attention, masks
-from nsl.models import dd_decode, layers, registry
+from nsl.models import dd_decode, registry
+from nsl.nn import attention, layers, masks
 from nsl.models import double_decoder as dd
 from nsl.train import loop
 from tests import hlo as hlo_text
@@ -259,7 +259,9 @@ def test_dd_ladder_grid_expands_to_75_valid_cells():
 def test_decode_comparison_reports_a_third_of_the_kv_cache():
   dd_cfg = _dd_config(**{"model.vocab_size": 300})
   do_cfg = tiny_config("/nonexistent", **{"model.vocab_size": 300, "model.n_layers": 3, "data.seq_len": T})
-  rows = dd_decode.compare(dd_cfg, do_cfg, batch=2, prompt_len=12, new_tokens=4, repeats=1)
+  from nsl.bench import dd_decode as dd_bench
+
+  rows = dd_bench.compare(dd_cfg, do_cfg, batch=2, prompt_len=12, new_tokens=4, repeats=1)
   assert [r["model"] for r in rows] == ["double_decoder", "decoder_only", "ratio_dd_over_decoder_only"]
   assert rows[0]["layers_cached"] == 1 and rows[1]["layers_cached"] == 3
   assert rows[2]["kv_bytes_per_token"] == pytest.approx(1 / 3)

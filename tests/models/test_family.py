@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from nsl import config as nsl_config
-from nsl import masks
 from nsl.errors import ConfigError, NslError
-from nsl.models import layers, registry
+from nsl.models import registry
+from nsl.nn import layers, masks
 from nsl.models.family import Family
 
 # One tiny config per registered family (a new family needs one here); `load_config` resolves

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from nsl import config as nsl_config
-from nsl.models import layers, registry
+from nsl.models import registry
+from nsl.nn import layers
 
 
 def _logits_path(h, e, t, w, scale):

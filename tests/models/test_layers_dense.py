@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nsl.models import layers
+from nsl.nn import layers
 
 KEYS = jax.random.split(jax.random.PRNGKey(0), 2)
 

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nsl.models import layers, lift
+from nsl.models import lift
+from nsl.nn import layers
 from tests.helpers import fake_run
 
 V, D = 16, 16

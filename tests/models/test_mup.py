@@ -1,4 +1,4 @@
-"""μP (nsl/models/mup.py): the coordinate check (activation scale flat across widths after a few
+"""μP (nsl/nn/mup.py): the coordinate check (activation scale flat across widths after a few
 Adam steps with μP, growing without it), and the pieces one by one: validation, per-parameter LR
 factors, hidden init std, the 1/m output multiplier, q·k/d_head attention, and the configs."""
 
@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nsl import attention, masks
 from nsl import config as nsl_config
 from nsl.errors import ConfigError
 from nsl.models import double_decoder as dd
-from nsl.models import layers, mup, registry
+from nsl.models import registry
+from nsl.nn import attention, layers, masks, mup
 from nsl.train import state as train_state
 from tests.helpers import tiny_config
 

@@ -12,9 +12,9 @@ import optax
 import pytest
 
 from configs import nextlat as nextlat_configs
-from nsl import masks
 from nsl.errors import ConfigError
-from nsl.models import layers, nextlat, registry
+from nsl.models import nextlat, registry
+from nsl.nn import layers, masks
 from tests.helpers import nextlat_rollout_losses
 
 V, T, D, HORIZON, ANS = 32, 10, 16, 2, 7

@@ -156,7 +156,7 @@ def test_layouts_give_the_same_loss_and_gradients(variant, window, impl):
     np.testing.assert_allclose(a, b, atol=2e-6, rtol=1e-4)
   assert float(jnp.abs(ga["embed"]["embedding"][RHO]).sum()) > 0  # ρ (the tied row) is trained
   if impl == "chunked":
-    from nsl import masks
+    from nsl.nn import masks
     lay = sps.slot_layout(variant, 16, "stream_major")
     assert (masks.block_map(sps.slot_rule(variant, window), lay, lay, 8, 8) == masks.EMPTY).sum() > 0
 

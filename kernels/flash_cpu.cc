@@ -1,6 +1,6 @@
 // Block-sparse flash attention for the CPU, forward and backward, as XLA FFI custom calls.
 //
-// Why this exists: XLA:CPU runs nsl's chunked attention (`nsl/attention.py`, `_rows`) as
+// Why this exists: XLA:CPU runs nsl's chunked attention (`nsl/nn/attention.py`, `_rows`) as
 // batched dots whose key operand is a slice of K or V, and it copies every slice before the
 // dot (~14% of the op at 1024 causal tokens); the exact-softmax row schedule it runs is
 // otherwise what this kernel runs. Here each (batch, head) is one task that reads q/k/v in place
@@ -8,12 +8,12 @@
 //
 // Math (REFERENCES §1's softmax attention; FlashAttention-2's backward recomputation):
 //   S = scale · Q Kᵀ on the visible key blocks of a query block, masked by the nsl rule
-//   (`nsl.masks.visible`), P = exp(S − m) / l row by row over all its visible keys at once
+//   (`nsl.nn.masks.visible`), P = exp(S − m) / l row by row over all its visible keys at once
 //   (exact, no online rescaling: a 64-row block's scores stay in L2), O = P V, lse = m + log l.
 //   Backward: P = exp(S − lse), dP = dO Vᵀ, δ = rowsum(dO ∘ O) − dlse, dS = scale · P ∘ (dP − δ),
 //   dQ = dS K, dK = dSᵀ Q, dV = Pᵀ dO. A row that sees no key has out 0, lse −inf, no gradient.
 //
-// Tiles: the host passes the static block map (`nsl.masks.block_map`: EMPTY / PARTIAL / FULL
+// Tiles: the host passes the static block map (`nsl.nn.masks.block_map`: EMPTY / PARTIAL / FULL
 // from pos/tok/kind); per batch row a FULL tile whose query and key segment ids are one and the
 // same id stays unmasked, one whose id ranges are disjoint is skipped (packed documents), and
 // any other is masked per element. The products are a register-blocked kernel (6 rows × 2-4
@@ -27,7 +27,7 @@ namespace {
 
 using namespace nsl_cpu;
 
-constexpr int8_t kEmpty = 0, kPartial = 1;  // nsl.masks block-map codes (FULL = 2)
+constexpr int8_t kEmpty = 0, kPartial = 1;  // nsl.nn.masks block-map codes (FULL = 2)
 
 // B operands are packed in column panels of nv·W floats: element (k, n) of a [K, N] operand at
 // B[(n / pw)·pstride + k·pw + n % pw]. A [S, H·D] tensor's rows (or a transposed [D, S] one's)

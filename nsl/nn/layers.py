@@ -3,7 +3,7 @@
 Pre-norm RMSNorm, rotary position embeddings, SwiGLU MLP with hidden 3d, no biases, tied input
 embedding and output head. Parameters are float32 and carry logical axis names
 (`nn.with_logical_partitioning`) so one rules table maps them onto the mesh; computation runs in
-`Dims.dtype`. Attention goes through `nsl.attention.attend` with a `nsl.masks.Rule`.
+`Dims.dtype`. Attention goes through `nsl.nn.attention.attend` with a `nsl.nn.masks.Rule`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from nsl import attention, masks
+from nsl.nn import attention, masks
 from nsl.kernels import decode_cpu
 
 
@@ -39,8 +39,8 @@ class Dims:
   remat: str = "none"
   scan_layers: bool = False
   attention_impl: str = "auto"
-  attention_chunk: int = 0  # 0: nsl.attention.tile_size
-  mup_base_width: int | None = 0  # μP base width (nsl/models/mup.py); 0 / None = off
+  attention_chunk: int = 0  # 0: nsl.nn.attention.tile_size
+  mup_base_width: int | None = 0  # μP base width (nsl/nn/mup.py); 0 / None = off
 
   @property
   def head_dim(self) -> int:
@@ -162,7 +162,7 @@ class Embedder(nn.Module):
   def decode(self, h_BSD):
     """Logits in float32 (the softmax of a 50k vocabulary needs it). Under μP they are multiplied
     by 1/m: with the tied embedding this is μP's "output multiplier" form of the readout rule
-    (the embedding stays vector-like: constant init and LR; nsl/models/mup.py)."""
+    (the embedding stays vector-like: constant init and LR; nsl/nn/mup.py)."""
     logits = dense(h_BSD, self.embedding, transpose_w=True, preferred_element_type=jnp.float32)
     return logits if self.dims.mup_mult is None else logits * (1.0 / self.dims.mup_mult)
 
@@ -386,7 +386,7 @@ def scanned_params(stack_params, n_layers: int):
 def unscanned_params(stack_params, n_layers: int):
   """A Stack's parameters in the unrolled form (`block_i`), from either form: the inverse of
   `scanned_params`. Under jit each layer becomes its own buffer (one copy), which a loop over
-  tokens then reads in place (nsl/models/kv_cache.py, "Per-layer form")."""
+  tokens then reads in place (nsl/nn/kv_cache.py, "Per-layer form")."""
   if "layers" not in stack_params:
     return stack_params
   rest = {k: v for k, v in stack_params.items() if k != "layers"}

@@ -1,6 +1,6 @@
 """The tied head and its cross-entropy on the CPU in one C++ XLA FFI call (`head_cpu.cc`).
 
-`nsl.models.layers.head_cross_entropy` runs this on a single-device CPU computation whenever
+`nsl.nn.layers.head_cross_entropy` runs this on a single-device CPU computation whenever
 d_model and the vocabulary are multiples of the kernel's panel width (16 with AVX2, 64 with
 AVX-512; the GPT-2 vocabulary of 50,304 is both), and its chunked XLA scan otherwise (a mesh of
 several devices included: the call is opaque to the partitioner). Same contract: the weighted mean

@@ -4,7 +4,7 @@
 `(cache, y)` (Flax gemma's `(x, cache) -> (cache, y)`): one path, one parameter tree, for
 training (no cache), prefill and decode (DESIGN "Families share one trunk"). A *step* describes
 the new slots of one call: their per-slot metadata (`pos`, `tok`, `kind`, `segment`, as in
-`nsl.masks`) and the cache entry each one is written to.
+`nsl.nn.masks`) and the cache entry each one is written to.
 
 Layout of the cache, per layer and row (REFERENCES §1 "KV cache" of SPS): the first
 `n_persistent` entries hold persistent slots in token order (slot r of token t at `t·P + r`,
@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsl import masks
+from nsl.nn import masks
 from nsl.kernels import decode_cpu
 
 # Up to this many queries per step score the cached keys one matrix-vector product each (Eigen's

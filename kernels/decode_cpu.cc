@@ -10,11 +10,11 @@
 // model's 0.7 ms at XS (README "Benchmarks"). Here each (batch row, head) reads its K and V once
 // for all its queries.
 //
-// Math (`nsl.models.kv_cache.attend_parts`, exact; REFERENCES §1's softmax attention):
+// Math (`nsl.nn.kv_cache.attend_parts`, exact; REFERENCES §1's softmax attention):
 //   s = scale · q Kᵀ over the cached keys (K [Dh, S] per row and head, the cache's transposed
-//   layout) and the step's own keys, −inf where `nsl.masks.visible` says no; m = max s,
+//   layout) and the step's own keys, −inf where `nsl.nn.masks.visible` says no; m = max s,
 //   l = Σ exp(s − m), out = Σ exp(s − m) V / l, lse = m + log l. A query that sees no key gets
-//   out 0 and lse −inf (`nsl.attention.merge_lse`'s convention).
+//   out 0 and lse −inf (`nsl.nn.attention.merge_lse`'s convention).
 //
 // Schedule: one task per (batch row, head) on XLA's own intra-op thread pool (no thread is
 // started per call: a call lasts ~0.1-0.4 ms). The cached keys are read in runs of 64-key blocks

@@ -1,7 +1,7 @@
 """GPU (Pallas, Triton backend): block-sparse flash attention under an nsl mask rule.
 
 `attend(q, k, v, rule, q_slots, k_slots)` -> (out [B, Sq, H, D] in q.dtype, lse [B, H, Sq] f32),
-differentiable in q, k and v (custom VJP). It is the contract of `nsl.attention.attend(...,
+differentiable in q, k and v (custom VJP). It is the contract of `nsl.nn.attention.attend(...,
 impl='pallas_gpu')`.
 
 How it works:
@@ -10,11 +10,11 @@ How it works:
   program of the forward and dq kernels loops over exactly the non-empty key tiles of its query
   tile; each program of the dk/dv kernel loops over the non-empty query tiles of its key tile.
   Empty tiles are never loaded.
-- Inside a tile the rule is evaluated per element by `nsl.masks.visible` on the tile's metadata:
+- Inside a tile the rule is evaluated per element by `nsl.nn.masks.visible` on the tile's metadata:
   the static layout fields (pos / tok / kind, passed as int32 inputs, only those the rule reads)
   and the dynamic segment / block ids. Masked scores are -inf and the running max is guarded,
   so rows with no visible key give out = 0 and lse = -inf, exactly like the dense reference;
-  two attentions over disjoint key sets then merge exactly (`nsl.attention.merge_lse`).
+  two attentions over disjoint key sets then merge exactly (`nsl.nn.attention.merge_lse`).
 - Backward is flash-attention-2 style: delta = rowsum(dO·O) − dlse (the lse cotangent folded
   in) in XLA, then a dq kernel over query tiles and a dk/dv kernel over key tiles, both
   recomputing probabilities from the saved lse.
@@ -42,7 +42,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from nsl import masks, sharding
+from nsl import sharding
+from nsl.nn import masks
 from nsl.errors import ConfigError
 from nsl.kernels import rules
 
@@ -115,7 +116,7 @@ def _check(q, k, v, q_slots, k_slots) -> None:
 
 
 def available() -> bool:
-  """Whether this kernel can run here: the Pallas/Triton modules imported, so yes (`nsl.attention` asks every kernel)."""
+  """Whether this kernel can run here: the Pallas/Triton modules imported, so yes (`nsl.nn.attention` asks every kernel)."""
   return True
 
 
@@ -134,7 +135,7 @@ def supports(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = 128,
 def attend(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = 128, block_k: int = 128,
            interpret: bool | None = None, allow_tf32: bool = False, num_warps: int | None = None,
            num_stages: int = 2):
-  """Block-sparse flash attention: see the module docstring. Slots are `nsl.attention.Slots`."""
+  """Block-sparse flash attention: see the module docstring. Slots are `nsl.nn.attention.Slots`."""
   _check(q, k, v, q_slots, k_slots)
   b, sq, h, d = q.shape
   sk = k.shape[1]
@@ -152,7 +153,7 @@ def attend(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = 128, b
 def dynamic_fields(rule: masks.Rule, q_slots, k_slots, batch: int) -> tuple[dict, dict]:
   """The dynamic fields the rule reads and both sides carry, as [B, S] int32 arrays.
 
-  As in `nsl.masks.visible`, a field missing on either side is not applied.
+  As in `nsl.nn.masks.visible`, a field missing on either side is not applied.
   """
   dyn_q, dyn_k = {}, {}
   for name in rule.dynamic_fields:

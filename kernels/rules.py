@@ -1,8 +1,8 @@
-"""Host-side tile plans for the attention kernels, built from `nsl.masks` rules.
+"""Host-side tile plans for the attention kernels, built from `nsl.nn.masks` rules.
 
 Everything here is static: it reads the rule and the static per-slot `Layout` (pos, tok, kind),
 never the dynamic segment / block ids, which the kernels apply per element. The tile
-classification itself is `nsl.masks.block_map` (EMPTY / PARTIAL / FULL); this module only
+classification itself is `nsl.nn.masks.block_map` (EMPTY / PARTIAL / FULL); this module only
 reshapes it into what the kernels iterate over:
 
 - `tile_lists`: for each query tile the padded list of its non-empty key tiles (forward and
@@ -23,7 +23,7 @@ import functools
 
 import numpy as np
 
-from nsl import masks
+from nsl.nn import masks
 
 PAD = -1  # padding entry of the tile lists
 
@@ -36,7 +36,7 @@ def _next_pow2(n: int) -> int:
 class TileLists:
   """Non-empty tiles of one (rule, layouts, block sizes), in the forms the kernels iterate over.
 
-  block_map [nq, nk] int8  EMPTY / PARTIAL / FULL (from `nsl.masks.block_map`).
+  block_map [nq, nk] int8  EMPTY / PARTIAL / FULL (from `nsl.nn.masks.block_map`).
   kv_index  [nq, P] int32  for query tile i, its non-empty key tiles in increasing order, then PAD.
   kv_count  [nq] int32     number of valid entries of each row of kv_index.
   q_index   [nk, P'] int32 for key tile j, its non-empty query tiles in increasing order, then PAD.

@@ -1,14 +1,14 @@
 """TPU: splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`) under nsl rules.
 
 `attend(q, k, v, rule, q_slots, k_slots)` -> (out [B, Sq, H, D] in q.dtype, lse [B, H, Sq] f32),
-differentiable in q, k and v: the contract of `nsl.attention.attend(..., impl='splash')`.
+differentiable in q, k and v: the contract of `nsl.nn.attention.attend(..., impl='splash')`.
 
 The mask is a splash *computable* mask (`RuleMask`, a `_ComputableMask`), so host memory stays
 O(S): splash evaluates it tile by tile on the host to build its block map (EMPTY tiles skipped,
 FULL tiles unmasked) and inside the kernel for PARTIAL tiles. A TPU kernel cannot gather from
 per-slot tables, so pos / tok / kind are *recomputed from the slot index* with the few
 periodic-affine runs of `nsl.kernels.rules.layout_runs` (causal, SPS interleaved, delayed and
-stream-major layouts are one or two runs); `nsl.masks.visible` is then applied to them, so the
+stream-major layouts are one or two runs); `nsl.nn.masks.visible` is then applied to them, so the
 rule is the same function every backend uses. Dynamic fields go through splash's segment ids,
 which test equality only:
 - `segment` -> segment ids;
@@ -51,7 +51,8 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
-from nsl import masks, sharding
+from nsl import sharding
+from nsl.nn import masks
 from nsl.errors import ConfigError
 from nsl.kernels import rules, shard_over_mesh
 
@@ -185,7 +186,7 @@ def _segment_ids(rule: masks.Rule, q_slots, k_slots, batch: int):
 
 
 def available() -> bool:
-  """Whether this kernel can run here: the Pallas TPU modules imported, so yes (`nsl.attention` asks every kernel)."""
+  """Whether this kernel can run here: the Pallas TPU modules imported, so yes (`nsl.nn.attention` asks every kernel)."""
   return True
 
 

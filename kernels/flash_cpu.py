@@ -2,7 +2,7 @@
 
 The default CPU attention (`attention_impl=auto` on a CPU mesh) wherever it applies: float32
 q/k/v [B, S, H, D] with a head dim that is a multiple of 16, lengths that the 64-slot tiles (or
-`model.attention_chunk`) divide, and any `nsl.masks.Rule` without a block rule (causal, documents,
+`model.attention_chunk`) divide, and any `nsl.nn.masks.Rule` without a block rule (causal, documents,
 SPS's windowed temporary keys, the persistent window). Anything else runs the chunked XLA path.
 The math and the tile skipping are `flash_cpu.cc`'s docstring; the custom VJP below calls its
 backward, which recomputes the probabilities from the saved log-sum-exp (FlashAttention-2).
@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsl import masks
+from nsl.nn import masks
 from nsl.errors import ConfigError
 from nsl.kernels import cpu_build, shard_over_mesh
 
@@ -92,7 +92,7 @@ def _static(rule: masks.Rule, q_layout: masks.Layout, k_layout: masks.Layout, bq
 
 def attend(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = TILE, block_k: int = TILE,
            mesh=None):
-  """`nsl.attention.attend` on the CPU kernel: out [B, Sq, H, D], lse [B, H, Sq] (float32)."""
+  """`nsl.nn.attention.attend` on the CPU kernel: out [B, Sq, H, D], lse [B, H, Sq] (float32)."""
   bq, bk = _check(q, k, v, rule, q_slots, k_slots, block_q, block_k)
   if not available():
     raise ConfigError(f"model.attention_impl='flash_cpu' is unavailable here ({cpu_build.load()}); use 'chunked'")

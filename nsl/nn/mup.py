@@ -94,7 +94,7 @@ def lr_multiplier(path, mult: float) -> float:
   if name in HIDDEN:
     return 1.0 / mult
   raise ConfigError(f"μP: parameter {jax.tree_util.keystr(path)} is neither a hidden matrix {HIDDEN} nor "
-                    f"vector-like {VECTOR_LIKE}; classify it in nsl/models/mup.py")
+                    f"vector-like {VECTOR_LIKE}; classify it in nsl/nn/mup.py")
 
 
 def lr_multipliers(params, mult: float):

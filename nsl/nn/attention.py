@@ -1,9 +1,9 @@
 """`attend(q, k, v, rule, q_slots, k_slots, impl=...)`: attention under an nsl mask rule.
 
-Implementations (DESIGN "Masks are data"; all evaluate `nsl.masks.visible`):
+Implementations (DESIGN "Masks are data"; all evaluate `nsl.nn.masks.visible`):
 - `xla`:     the dense reference: materialise the [Sq, Sk] mask, one softmax. O(S²) memory.
 - `chunked`: memory-efficient attention over (query chunk, key chunk) tiles, written in XLA. Only
-             the tiles that the static block map (`nsl.masks.block_map`) marks non-empty are
+             the tiles that the static block map (`nsl.nn.masks.block_map`) marks non-empty are
              visited, forward and backward, so SPS's windowed temporary keys and causal triangles
              cost only their visible tiles. Backward recomputes scores (custom VJPs), so
              activations are O(S·D). Two schedules of the same tiles: on accelerators one scan
@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsl import masks
+from nsl.nn import masks
 from nsl.errors import ConfigError
 
 IMPLS = ("auto", "xla", "chunked", "splash", "pallas_gpu", "flash_cpu")

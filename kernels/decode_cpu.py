@@ -1,7 +1,7 @@
 """A decode step's kernels on the CPU, C++ XLA FFI calls (`decode_cpu.cc`).
 
 - `attend` / `attend_write`: the cached attention of a step of up to 16 queries, which
-  `nsl.models.kv_cache.KVCache.attend` (resp. `attend_write`, a decode loop's per-layer cache:
+  `nsl.nn.kv_cache.KVCache.attend` (resp. `attend_write`, a decode loop's per-layer cache:
   the step's K/V then written in place) runs on a single-device CPU computation with float32
   q/K/V and a head dim that is a multiple of the host's float vector (16 with AVX-512, 8 with
   AVX2); `kv_cache.attend_parts` otherwise. Same math and contract: one softmax over the cache's

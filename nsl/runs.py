@@ -1,0 +1,62 @@
+"""A finished run directory, for anything that reads one (evaluations, teachers, benchmarks).
+
+`load_run(WORKDIR)` reads `WORKDIR/config.json` (written by the trainer), builds the family from
+the registry and restores the parameters of the latest complete Orbax checkpoint under
+`WORKDIR/checkpoints` onto this process's first device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import ml_collections
+
+from nsl.errors import NslError
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    raise NslError(f"--workdir={workdir!r}: no config.json (is it a run directory written by nsl.launch?)")
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def abstract_train_state(config, family):
+  """The train state's shapes and dtypes (no allocation), placed on the first local device."""
+  import flax.linen as nn
+
+  from nsl.train import state as train_state
+
+  optimizer = train_state.make_optimizer(config)
+  boxed = jax.eval_shape(lambda r: train_state.create(family.init(r), optimizer), jax.random.PRNGKey(0))
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device), nn.unbox(boxed))
+
+
+def load_run(workdir: str, flag: str = "--workdir"):
+  """(config, family, params) of a run directory's latest checkpoint; `flag` names where the
+  path came from in errors (a damaged checkpoint says which argument to fix)."""
+  from nsl import checkpoint
+  from nsl.models import registry
+
+  config = load_config(workdir)
+  family = registry.get_family(config)
+  params, _ = checkpoint.restore_params(workdir, abstract_train_state(config, family), flag=flag)
+  return config, family, params
+
+
+def checkpoint_step(workdir: str) -> int | None:
+  """The step of the latest complete checkpoint (the one `load_run` restores)."""
+  import orbax.checkpoint as ocp
+
+  directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+  if not os.path.isdir(directory):
+    return None
+  manager = ocp.CheckpointManager(directory)
+  try:
+    return manager.latest_step()
+  finally:
+    manager.close()
