@@ -41,6 +41,10 @@ class Dims:
   attention_impl: str = "auto"
   attention_chunk: int = 0  # 0: nsl.nn.attention.tile_size
   mup_base_width: int | None = 0  # μP base width (nsl/nn/mup.py); 0 / None = off
+  tie_embeddings: bool = True  # False: a separate output head `embed/head` [V, D] (NextLat's authors)
+  # Output projections (attention out, MLP down) start at std/sqrt(2·layers) (GPT-2); False: at
+  # std like every other matrix (NextLat's authors, docs/xcheck/nextlat.md).
+  scaled_out_init: bool = True
 
   @property
   def head_dim(self) -> int:
@@ -82,6 +86,12 @@ class Dims:
 
 def _init(std: float, axes: tuple[str | None, ...]):
   return nn.with_logical_partitioning(nn.initializers.normal(stddev=std), axes)
+
+
+def residual_out_std(dims: "Dims", std: float) -> float:
+  """Init std of a residual branch's output projection: std/sqrt(2·layers) (GPT-2's residual
+  scaling), or std itself with `dims.scaled_out_init` off."""
+  return std / math.sqrt(2 * dims.n_layers) if dims.scaled_out_init else std
 
 
 def dense(x, w, n_in: int = 1, *, transpose_w: bool = False, preferred_element_type=None):
@@ -148,13 +158,22 @@ def rope(x_BSHD, positions_S, theta: float, table=None):
 
 
 class Embedder(nn.Module):
-  """Tied token embedding: `encode` looks tokens up, `decode` is the output head (x · Eᵀ)."""
+  """Tied token embedding: `encode` looks tokens up, `decode` is the output head (x · Eᵀ). With
+  `dims.tie_embeddings` off the head is its own matrix `head` [V, D] (x · Hᵀ), initialised as the
+  embedding (NextLat's authors: nn.Embedding and a bias-free nn.Linear head)."""
 
   dims: Dims
 
   def setup(self):
     self.embedding = self.param("embedding", _init(self.dims.init_std, ("vocab", "embed")),
                                 (self.dims.vocab_size, self.dims.d_model))
+    if not self.dims.tie_embeddings:
+      self.out = self.param("head", _init(self.dims.init_std, ("vocab", "embed")),
+                            (self.dims.vocab_size, self.dims.d_model))
+
+  def head_weight(self):
+    """The output head's matrix [V, D]: the embedding itself, or the untied `head`."""
+    return self.embedding if self.dims.tie_embeddings else self.out
 
   def encode(self, tokens_BT):
     return jnp.take(self.embedding, tokens_BT, axis=0).astype(self.dims.compute_dtype)
@@ -163,7 +182,7 @@ class Embedder(nn.Module):
     """Logits in float32 (the softmax of a 50k vocabulary needs it). Under μP they are multiplied
     by 1/m: with the tied embedding this is μP's "output multiplier" form of the readout rule
     (the embedding stays vector-like: constant init and LR; nsl/nn/mup.py)."""
-    logits = dense(h_BSD, self.embedding, transpose_w=True, preferred_element_type=jnp.float32)
+    logits = dense(h_BSD, self.head_weight(), transpose_w=True, preferred_element_type=jnp.float32)
     return logits if self.dims.mup_mult is None else logits * (1.0 / self.dims.mup_mult)
 
   def cross_entropy(self, h_BSD, targets_BS, weights_BS):
@@ -174,7 +193,7 @@ class Embedder(nn.Module):
       return masked_cross_entropy(self.decode(h_BSD), targets_BS, weights_BS)
     scale = 1.0 if self.dims.mup_mult is None else 1.0 / self.dims.mup_mult
     d = h_BSD.shape[-1]
-    return head_cross_entropy(h_BSD.reshape(-1, d), self.embedding, targets_BS.reshape(-1),
+    return head_cross_entropy(h_BSD.reshape(-1, d), self.head_weight(), targets_BS.reshape(-1),
                               weights_BS.reshape(-1).astype(jnp.float32), scale)
 
 
@@ -189,7 +208,7 @@ class Attention(nn.Module):
 
   def setup(self):
     d, h, hd, std = self.dims.d_model, self.dims.n_heads, self.dims.head_dim, self.dims.hidden_std
-    out_std = std / math.sqrt(2 * self.dims.n_layers)  # GPT-2 residual scaling
+    out_std = residual_out_std(self.dims, std)  # GPT-2 residual scaling
     self.wq = self.param("wq", _init(std, ("embed", "heads", "head_dim")), (d, h, hd))
     self.wk = self.param("wk", _init(std, ("embed", "heads", "head_dim")), (d, h, hd))
     self.wv = self.param("wv", _init(std, ("embed", "heads", "head_dim")), (d, h, hd))
@@ -251,7 +270,7 @@ class SwiGLU(nn.Module):
     d, f, std = self.dims.d_model, self.dims.d_ff, self.dims.hidden_std
     w_gate = self.param("w_gate", _init(std, ("embed", "mlp")), (d, f))
     w_up = self.param("w_up", _init(std, ("embed", "mlp")), (d, f))
-    w_down = self.param("w_down", _init(std / math.sqrt(2 * self.dims.n_layers), ("mlp", "embed")), (f, d))
+    w_down = self.param("w_down", _init(residual_out_std(self.dims, std), ("mlp", "embed")), (f, d))
     hidden = jax.nn.silu(dense(x_BSD, w_gate)) * dense(x_BSD, w_up)
     hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
     return dense(hidden, w_down)
