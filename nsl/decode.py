@@ -102,7 +102,7 @@ def _head(dims, params, h_BSD):
 
 def _logits(dims, params, h_BSD):
   """Logits of the last block's output (final norm, then the head)."""
-  return _head(dims, params, _norm(dims, params["trunk"]["final_norm"], h_BSD))
+  return _head(dims, params, layers.final_norm(dims).apply({"params": params["trunk"]["final_norm"]}, h_BSD))
 
 
 def trunk(dims, rule: masks.Rule, params, x_BSD, cache: kv_cache.KVCache, step: kv_cache.Step, slots=None,

@@ -1,7 +1,12 @@
 """Shared building blocks of every family (REFERENCES §1 architecture).
 
 Pre-norm RMSNorm, rotary position embeddings, SwiGLU MLP with hidden 3d, no biases, tied input
-embedding and output head. Parameters are float32 and carry logical axis names
+embedding and output head. Small general options for other papers' trunks (the double-decoder
+authors', docs/xcheck/dd.md): `model.mlp='gelu'` (GELU-tanh MLP of hidden d_ff), `model.final_norm=
+'layernorm'` (LayerNorm with bias after the last block), `model.init='xavier_uniform'` (torch's
+xavier-uniform with gain sqrt(2) on every matrix, fans as the matching nn.Linear), and
+`model.document_mask=False` (attention crosses document boundaries in a packed row; padding,
+segment 0, stays apart). Parameters are float32 and carry logical axis names
 (`nn.with_logical_partitioning`) so one rules table maps them onto the mesh; computation runs in
 `Dims.dtype`. Attention goes through `nsl.nn.attention.attend` with a `nsl.nn.masks.Rule`.
 """
@@ -45,6 +50,23 @@ class Dims:
   # Output projections (attention out, MLP down) start at std/sqrt(2·layers) (GPT-2); False: at
   # std like every other matrix (NextLat's authors, docs/xcheck/nextlat.md).
   scaled_out_init: bool = True
+  mup_base_head_dim: int = 64  # μP attention: scores q·k·sqrt(this)/d_head (1: q·k/d_head)
+  mup_readout: str = "sqrt"  # μP logits × 1/sqrt(m) ("sqrt") or × 1/m ("linear")
+  mlp: str = "swiglu"  # MLPS
+  final_norm: str = "rmsnorm"  # FINAL_NORMS
+  init: str = "normal"  # INITS
+  document_mask: bool = True  # attention stays within a document of a packed row
+
+  def __post_init__(self):
+    for field, allowed in (("mlp", MLPS), ("final_norm", FINAL_NORMS), ("init", INITS), ("mup_readout", READOUTS)):
+      if getattr(self, field) not in allowed:
+        from nsl.errors import ConfigError
+        raise ConfigError(f"config.model.{field}={getattr(self, field)!r} must be one of {allowed}")
+    b = self.mup_base_head_dim
+    if not isinstance(b, int) or isinstance(b, bool) or b < 1:
+      from nsl.errors import ConfigError
+      raise ConfigError(f"config.model.mup_base_head_dim={b!r} must be a positive integer (the μP head size "
+                        "at the base width: 64 in the double-decoder paper; 1 gives scores q·k/d_head)")
 
   @property
   def head_dim(self) -> int:
@@ -63,9 +85,20 @@ class Dims:
 
   @property
   def query_scale(self) -> float | None:
-    """μP attention: queries are multiplied by 1/sqrt(d_head) so the shared attention path's
-    1/sqrt(d_head) gives scores q·k/d_head; None (no multiply) when μP is off."""
-    return 1.0 / math.sqrt(self.head_dim) if self.mup_mult is not None else None
+    """μP attention: queries are multiplied by sqrt(b / d_head), b = `mup_base_head_dim`, so the
+    shared attention path's 1/sqrt(d_head) gives scores q·k·sqrt(b)/d_head: the standard scale at
+    the base head width (the double-decoder authors'); b = 1 gives q·k/d_head. None (no multiply)
+    when μP is off (nsl/nn/mup.py)."""
+    return math.sqrt(self.mup_base_head_dim / self.head_dim) if self.mup_mult is not None else None
+
+  @property
+  def logit_scale(self) -> float | None:
+    """μP output multiplier of the tied head: 1/sqrt(m) (`mup_readout='sqrt'`, the double-decoder
+    authors') or 1/m (`'linear'`, the `mup` package's MuSharedReadout); None when μP is off."""
+    m = self.mup_mult
+    if m is None:
+      return None
+    return 1.0 / math.sqrt(m) if self.mup_readout == "sqrt" else 1.0 / m
 
   @property
   def compute_dtype(self):
@@ -84,6 +117,14 @@ class Dims:
     return Dims(**fields)
 
 
+MLPS = ("swiglu", "gelu")
+FINAL_NORMS = ("rmsnorm", "layernorm")
+INITS = ("normal", "xavier_uniform")
+READOUTS = ("sqrt", "linear")
+XAVIER_GAIN = math.sqrt(2.0)  # the double-decoder authors' xavier_uniform_(w, gain=sqrt(2))
+LAYERNORM_EPS = 1e-5  # torch.nn.LayerNorm's default
+
+
 def _init(std: float, axes: tuple[str | None, ...]):
   return nn.with_logical_partitioning(nn.initializers.normal(stddev=std), axes)
 
@@ -92,6 +133,26 @@ def residual_out_std(dims: "Dims", std: float) -> float:
   """Init std of a residual branch's output projection: std/sqrt(2·layers) (GPT-2's residual
   scaling), or std itself with `dims.scaled_out_init` off."""
   return std / math.sqrt(2 * dims.n_layers) if dims.scaled_out_init else std
+
+
+def weight_init(dims: "Dims", std: float, axes: tuple[str | None, ...], fans: tuple[int, int]):
+  """A matrix's initializer: normal(std) (`dims.init='normal'`), or uniform in
+  ±gain·sqrt(6 / (fan_in + fan_out)) with gain sqrt(2) (`'xavier_uniform'`), where `fans` are
+  those of the torch nn.Linear(fan_in, fan_out) the weight stands for (a fused q/k/v projection
+  counts its 3d outputs) so the distribution equals torch.nn.init.xavier_uniform_'s."""
+  if dims.init != "xavier_uniform":
+    return _init(std, axes)
+  bound = XAVIER_GAIN * math.sqrt(6.0 / (fans[0] + fans[1]))
+  uniform = lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound, bound)
+  return nn.with_logical_partitioning(uniform, axes)
+
+
+def attention_segment(dims: "Dims", segment):
+  """The segment ids attention compares: the documents, or with `dims.document_mask` off one id
+  for every real token (padding, 0, stays apart)."""
+  if segment is None or dims.document_mask:
+    return segment
+  return (segment > 0).astype(segment.dtype)
 
 
 def dense(x, w, n_in: int = 1, *, transpose_w: bool = False, preferred_element_type=None):
@@ -121,6 +182,28 @@ def dense(x, w, n_in: int = 1, *, transpose_w: bool = False, preferred_element_t
   else:
     y = jnp.dot(x2, w2, preferred_element_type=preferred_element_type)
   return y.reshape(lead + out_shape)
+
+
+class LayerNorm(nn.Module):
+  """y = (x - mean) / sqrt(var + eps) · g + b, computed in float32 (torch.nn.LayerNorm's form)."""
+
+  eps: float = LAYERNORM_EPS
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (x.shape[-1],))
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)), (x.shape[-1],))
+    x32 = x.astype(jnp.float32)
+    c = x32 - jnp.mean(x32, axis=-1, keepdims=True)
+    y = c * jax.lax.rsqrt(jnp.mean(c * c, axis=-1, keepdims=True) + self.eps)
+    return (y * scale + bias).astype(x.dtype)
+
+
+def final_norm(dims: "Dims", name: str | None = None) -> nn.Module:
+  """The norm after a stack of blocks: RMSNorm, or LayerNorm (`dims.final_norm='layernorm'`)."""
+  if dims.final_norm == "layernorm":
+    return LayerNorm(name=name)
+  return RMSNorm(dims.norm_eps, name=name)
 
 
 class RMSNorm(nn.Module):
@@ -165,7 +248,8 @@ class Embedder(nn.Module):
   dims: Dims
 
   def setup(self):
-    self.embedding = self.param("embedding", _init(self.dims.init_std, ("vocab", "embed")),
+    self.embedding = self.param("embedding", weight_init(self.dims, self.dims.init_std, ("vocab", "embed"),
+                                                         (self.dims.d_model, self.dims.vocab_size)),
                                 (self.dims.vocab_size, self.dims.d_model))
     if not self.dims.tie_embeddings:
       self.out = self.param("head", _init(self.dims.init_std, ("vocab", "embed")),
@@ -180,10 +264,11 @@ class Embedder(nn.Module):
 
   def decode(self, h_BSD):
     """Logits in float32 (the softmax of a 50k vocabulary needs it). Under μP they are multiplied
-    by 1/m: with the tied embedding this is μP's "output multiplier" form of the readout rule
-    (the embedding stays vector-like: constant init and LR; nsl/nn/mup.py)."""
+    by `dims.logit_scale` (1/sqrt(m) or 1/m): with the tied embedding this is μP's "output
+    multiplier" form of the readout rule (the embedding stays vector-like: constant init and LR;
+    nsl/nn/mup.py)."""
     logits = dense(h_BSD, self.head_weight(), transpose_w=True, preferred_element_type=jnp.float32)
-    return logits if self.dims.mup_mult is None else logits * (1.0 / self.dims.mup_mult)
+    return logits if self.dims.logit_scale is None else logits * self.dims.logit_scale
 
   def cross_entropy(self, h_BSD, targets_BS, weights_BS):
     """`masked_cross_entropy(self.decode(h), targets, weights)`, equal to it; on CPU without the
@@ -191,7 +276,7 @@ class Embedder(nn.Module):
     from nsl import sharding
     if sharding.platform() != "cpu":  # the accelerators' fits (README) are of the logits path
       return masked_cross_entropy(self.decode(h_BSD), targets_BS, weights_BS)
-    scale = 1.0 if self.dims.mup_mult is None else 1.0 / self.dims.mup_mult
+    scale = 1.0 if self.dims.logit_scale is None else self.dims.logit_scale
     d = h_BSD.shape[-1]
     return head_cross_entropy(h_BSD.reshape(-1, d), self.head_weight(), targets_BS.reshape(-1),
                               weights_BS.reshape(-1).astype(jnp.float32), scale)
@@ -201,18 +286,22 @@ class Attention(nn.Module):
   """Multi-head attention; `project` and `output` are separate so decoders can cache K/V.
 
   Under μP (`dims.mup_base_width`) `project_q` also multiplies the queries by
-  `dims.query_scale` = 1/sqrt(d_head), so scores are q·k/d_head (μP attention) through the
-  unchanged attention path, and the weights start at `dims.hidden_std`."""
+  `dims.query_scale`, so scores are q·k·sqrt(b)/d_head (μP attention) through the unchanged
+  attention path, and the weights start at `dims.hidden_std`. `fused_qkv`: which torch layout
+  the xavier fans follow (one [d, 3d] q/k/v projection, or q [d, d] and k/v [d, 2d])."""
 
   dims: Dims
+  fused_qkv: bool = True
 
   def setup(self):
     d, h, hd, std = self.dims.d_model, self.dims.n_heads, self.dims.head_dim, self.dims.hidden_std
     out_std = residual_out_std(self.dims, std)  # GPT-2 residual scaling
-    self.wq = self.param("wq", _init(std, ("embed", "heads", "head_dim")), (d, h, hd))
-    self.wk = self.param("wk", _init(std, ("embed", "heads", "head_dim")), (d, h, hd))
-    self.wv = self.param("wv", _init(std, ("embed", "heads", "head_dim")), (d, h, hd))
-    self.wo = self.param("wo", _init(out_std, ("heads", "head_dim", "embed")), (h, hd, d))
+    ax = ("embed", "heads", "head_dim")
+    q_fans, kv_fans = ((d, 3 * d), (d, 3 * d)) if self.fused_qkv else ((d, d), (d, 2 * d))
+    self.wq = self.param("wq", weight_init(self.dims, std, ax, q_fans), (d, h, hd))
+    self.wk = self.param("wk", weight_init(self.dims, std, ax, kv_fans), (d, h, hd))
+    self.wv = self.param("wv", weight_init(self.dims, std, ax, kv_fans), (d, h, hd))
+    self.wo = self.param("wo", weight_init(self.dims, out_std, ("heads", "head_dim", "embed"), (d, d)), (h, hd, d))
 
   def _proj(self, x, w):
     return dense(x, w)
@@ -268,12 +357,35 @@ class SwiGLU(nn.Module):
   @nn.compact
   def __call__(self, x_BSD):
     d, f, std = self.dims.d_model, self.dims.d_ff, self.dims.hidden_std
-    w_gate = self.param("w_gate", _init(std, ("embed", "mlp")), (d, f))
-    w_up = self.param("w_up", _init(std, ("embed", "mlp")), (d, f))
-    w_down = self.param("w_down", _init(residual_out_std(self.dims, std), ("mlp", "embed")), (f, d))
+    w_gate = self.param("w_gate", weight_init(self.dims, std, ("embed", "mlp"), (d, f)), (d, f))
+    w_up = self.param("w_up", weight_init(self.dims, std, ("embed", "mlp"), (d, f)), (d, f))
+    w_down = self.param("w_down", weight_init(self.dims, residual_out_std(self.dims, std), ("mlp", "embed"),
+                                              (f, d)), (f, d))
     hidden = jax.nn.silu(dense(x_BSD, w_gate)) * dense(x_BSD, w_up)
     hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
     return dense(hidden, w_down)
+
+
+class GeluMLP(nn.Module):
+  """W_out GELU(x W_in) with the tanh approximation, no biases; hidden `hidden` (default d_ff)."""
+
+  dims: Dims
+  hidden: int | None = None
+
+  @nn.compact
+  def __call__(self, x_BSD):
+    d, std = self.dims.d_model, self.dims.hidden_std
+    f = self.hidden or self.dims.d_ff
+    w_in = self.param("w_in", weight_init(self.dims, std, ("embed", "mlp"), (d, f)), (d, f))
+    w_out = self.param("w_out", weight_init(self.dims, residual_out_std(self.dims, std), ("mlp", "embed"),
+                                            (f, d)), (f, d))
+    h = jax.nn.gelu(dense(x_BSD, w_in), approximate=True)
+    return dense(nn.with_logical_constraint(h, ("batch", "length", "mlp")), w_out)
+
+
+def mlp(dims: Dims, name: str | None = None) -> nn.Module:
+  """The block's MLP: SwiGLU, or GELU (`dims.mlp='gelu'`), hidden d_ff."""
+  return GeluMLP(dims, name=name) if dims.mlp == "gelu" else SwiGLU(dims, name=name)
 
 
 class Block(nn.Module):
@@ -295,7 +407,7 @@ class Block(nn.Module):
     if queries is not None:
       x_BSD = x_BSD[:, np.asarray(queries)]
     x_BSD = x_BSD + a
-    x_BSD = x_BSD + SwiGLU(self.dims, name="mlp")(RMSNorm(self.dims.norm_eps, name="mlp_norm")(x_BSD))
+    x_BSD = x_BSD + mlp(self.dims, name="mlp")(RMSNorm(self.dims.norm_eps, name="mlp_norm")(x_BSD))
     x_BSD = nn.with_logical_constraint(x_BSD, ("batch", "length", "act_embed"))
     return x_BSD if cache is None else (cache, x_BSD)
 
@@ -348,7 +460,7 @@ class Stack(nn.Module):
     path (one compiled layer body) computes every slot and slices after the scan."""
     n = self.n_layers or self.dims.n_layers
     layout = None if slots is None else slots.layout
-    segment = None if slots is None else slots.segment
+    segment = None if slots is None else attention_segment(self.dims, slots.segment)
     blk = None if slots is None else slots.block
     if cache is not None:
       if self.dims.scan_layers:
@@ -365,7 +477,7 @@ class Stack(nn.Module):
         for i in range(n):
           cache, x_BSD = Block(self.dims, self.rule, layout, name=f"block_{i}")(
               x_BSD, segment, blk, cache=cache, step=step, layer=i, queries=outputs if i == n - 1 else None)
-      y_BSD = RMSNorm(self.dims.norm_eps, name="final_norm")(x_BSD)
+      y_BSD = final_norm(self.dims, name="final_norm")(x_BSD)
       return cache.commit(step), ((x_BSD, y_BSD) if with_residual else y_BSD)
     remat = self.dims.remat != "none"
     if self.dims.scan_layers:
@@ -380,7 +492,7 @@ class Stack(nn.Module):
       block_cls = nn.remat(Block, policy=remat_policy(self.dims.remat), static_argnums=()) if remat else Block
       for i in range(n):
         x_BSD = block_cls(self.dims, self.rule, layout, name=f"block_{i}")(x_BSD, segment, blk)
-    y_BSD = RMSNorm(self.dims.norm_eps, name="final_norm")(x_BSD)
+    y_BSD = final_norm(self.dims, name="final_norm")(x_BSD)
     return (x_BSD, y_BSD) if with_residual else y_BSD
 
 

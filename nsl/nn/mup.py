@@ -11,20 +11,28 @@ EleutherAI's μP implementations do):
 |---------------------------------------------|----------------------------|---------|------------------|
 | hidden matrices (attention W_q W_k W_v W_o, | init_std / sqrt(m)         | lr / m  |                  |
 | cross K/V, every MLP matrix)                | (∝ 1/sqrt(fan_in))         |         |                  |
-| tied embedding (vector-like input)          | init_std (constant)        | lr      | logits × 1/m     |
-| RMSNorm gains                               | 1                          | lr      |                  |
-| attention scores                            |                            |         | q·k / d_head     |
+| tied embedding (vector-like input)          | init_std (constant)        | lr      | logits × 1/√m    |
+| norm gains and LayerNorm biases             | 1, 0                       | lr      |                  |
+| attention scores                            |                            |         | q·k·√b / d_head  |
+
+The forward multipliers are the double-decoder authors' (their code: `mup_readout_mult =
+sqrt(base / d)`, attention scale `sqrt(base_head_dim) / head_dim`, docs/xcheck/dd.md); nsl's
+earlier reading is kept as options: `model.mup_readout='linear'` (logits × 1/m, the `mup`
+package's MuSharedReadout) and `model.mup_base_head_dim=1` (scores q·k/d_head). With
+`model.init='xavier_uniform'` (the authors' init) the init column does not apply: xavier's
+fans already shrink a hidden matrix's scale with width.
 
 - **Init** (`layers.Dims.hidden_std`): the hidden matrices' std is init_std / sqrt(m), so it
   equals init_std at the base width; the GPT-2 depth factor 1/sqrt(2L) of the output projections
   is kept (a depth rule, not a width one).
-- **Output multiplier** (`layers.Embedder.decode`): the embedding is tied, so the same matrix is
-  the input embedding (vector-like: LR and init constant) and the readout; μP's readout rule is
-  then applied as the "output multiplier" variant (the `mup` package's MuSharedReadout): the
-  logits are multiplied by 1/m instead of giving the readout its own 1/fan_in init and LR.
-- **Attention** (`layers.Dims.query_scale`): scores q·k/d_head instead of q·k/sqrt(d_head),
-  done by scaling the (RoPE-rotated) queries by 1/sqrt(d_head) before the shared attention
-  path, which keeps its 1/sqrt(d_head); every attention of the three families (the trunk's,
+- **Output multiplier** (`layers.Embedder.decode`, `layers.Dims.logit_scale`): the embedding is
+  tied, so the same matrix is the input embedding (vector-like: LR and init constant) and the
+  readout; the readout rule is applied as an "output multiplier" on the logits (1/√m, or 1/m)
+  instead of giving the readout its own init and LR.
+- **Attention** (`layers.Dims.query_scale`): scores q·k·√b/d_head with b =
+  `model.mup_base_head_dim` (64: the standard scale at the paper's 64-wide heads), done by
+  scaling the (RoPE-rotated) queries by √(b/d_head) before the shared attention path, which
+  keeps its 1/sqrt(d_head); every attention of the three families (the trunk's,
   ComboAttention's self and cross halves, SED's cross attention, the cached decoders) goes
   through `layers.Attention.project_q` or applies the same factor.
 - **Learning rates** (`scale_by_width`, chained after AdamW in `nsl.train.state`): the update of
@@ -32,7 +40,7 @@ EleutherAI's μP implementations do):
   by the LR, so those matrices' decay is scaled with their LR, as with a per-group LR in
   PyTorch's AdamW (the `mup` package). The warmup/decay schedule is shared.
 
-At the base width (m = 1) the model is the standard one except for the attention scale, so the
+At the base width (m = 1), with b the base width's head size, the model is the standard one, so the
 paper's base LRs apply there and, by μP, at every width. The coordinate check in
 tests/models/test_mup.py shows activations flat across widths after 10 Adam steps with μP and
 growing without it.
@@ -49,7 +57,7 @@ from nsl.errors import ConfigError
 # whose μP treatment nobody has decided: they refuse the field).
 FAMILIES = ("standard", "double_decoder", "sed")
 # Vector-like parameters (one dimension grows with width): Adam LR unscaled.
-VECTOR_LIKE = ("embedding", "scale")
+VECTOR_LIKE = ("embedding", "scale", "bias")
 # Matrix-like (hidden) parameters (both dimensions grow with width): Adam LR / m.
 HIDDEN = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "w_in", "w_out")
 
