@@ -110,6 +110,11 @@ def constant(symbol: str) -> int | None:
 
 def _main() -> None:
   """`python -m nsl.kernels.cpu_build`: build the kernels now (install step); prints the path."""
+  from nsl.errors import ArgumentParser
+
+  ArgumentParser(prog="python -m nsl.kernels.cpu_build",
+                 description="Builds nsl's C++ CPU kernels now (make install does) and prints the "
+                             "library's path; they are otherwise built on first use.").parse_args()
   try:
     print(build())
   except OSError as e:

@@ -1,13 +1,15 @@
-"""`python -m nsl.fits [--configs=A.py,B.py] [--generations=v5p,v5e,v6e] [--out=FILE] [--table]`
+"""What fits where in TPU HBM: the smallest slice of each generation that trains each config.
 
-What fits where: for each config and TPU generation, the smallest slice on which the train step
+  python -m nsl.hbm [--configs=configs/sps.py:xl,...] [--generations=v5p,v5e,v6e] [--out=FILE] [--table]
+
+For each config and TPU generation, the smallest slice on which the train step
 compiles (`nsl.compile`'s own path) within the chip's HBM, trying on each slice the all-FSDP mesh
 `(1, chips, 1)` without, then with, `model.remat=full`. Slices whose chip count does not divide
 the global batch are skipped (the batch is split over data × fsdp), as are slices where the
 train state alone (16 bytes a parameter: fp32 weights, gradients and two Adam moments) cannot
 fit. Every attempt is appended to `--out` as a JSON line, and a rerun skips the pairs already
-decided, so an interrupted table resumes. `--table` prints the README's markdown table from
-the file.
+decided, so an interrupted table resumes. `--table` prints the markdown table of
+docs/guide/pods.md from the file (`docs/hbm_fits.jsonl` holds the committed search).
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import time
 
 from nsl.errors import ArgumentParser, ConfigError, cli_main
 
-LADDER = [f"configs/{v}_{s}.py" for s in ("xs", "s", "m", "l", "xl")
+LADDER = [f"configs/sps.py:{v}_{s}" for s in ("xs", "s", "m", "l", "xl")
           for v in ("standard", "sps", "twox_memory", "delayed_state", "reverse_sps")]
-DEFAULT_CONFIGS = LADDER + ["configs/dd_100m.py", "configs/lift_tiny.py", "configs/nextlat_tiny.py"]
+DEFAULT_CONFIGS = LADDER + ["configs/dd.py:dd_100m", "configs/lift.py:lift_tiny", "configs/nextlat.py:nextlat_tiny"]
 STATE_BYTES_PER_PARAM = 16
 
 
@@ -111,10 +113,11 @@ def table(rows: list[dict], generations: list[str]) -> str:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-  parser = ArgumentParser(prog="python -m nsl.fits", description=__doc__.split("\n")[0])
-  parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS))
-  parser.add_argument("--generations", default="v5p,v5e,v6e")
-  parser.add_argument("--out", default="fits.jsonl")
+  parser = ArgumentParser(prog="python -m nsl.hbm", description=__doc__.split("\n")[0])
+  parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="comma-separated FILE[:ARG] configs")
+  parser.add_argument("--generations", default="v5p,v5e,v6e", help="TPU generations to search")
+  parser.add_argument("--out", default="hbm_fits.jsonl",
+                      help="JSON lines, one per attempt (appended; a rerun resumes the search)")
   parser.add_argument("--table", action="store_true", help="print the table from --out and exit")
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
   generations = [g for g in args.generations.split(",") if g]

@@ -6,15 +6,14 @@ import json
 import os
 import sys
 
-from nsl.errors import DataError, cli_main
+from nsl.errors import ArgumentParser, DataError, cli_main
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-  argv = sys.argv[1:] if argv is None else argv
-  if len(argv) != 1:
-    print("usage: python -m nsl.report WORKDIR", file=sys.stderr)
-    return 2
+  parser = ArgumentParser(prog="python -m nsl.report", description=__doc__.split("\n")[0])
+  parser.add_argument("workdir", metavar="WORKDIR", help="a run directory (nsl.launch --workdir)")
+  argv = [parser.parse_args(sys.argv[1:] if argv is None else argv).workdir]
   path = os.path.join(argv[0], "result.json")
   if not os.path.exists(path):
     raise DataError(f"{path} does not exist: has the run in {argv[0]} finished?")

@@ -74,6 +74,16 @@ def test_scanned_layers_compile_to_one_body_with_the_same_parameters(v5e_2x2):
   assert wq.shape[0] == 2 and wq.sharding.spec[0] is None  # leading `layers` axis, unsharded
   record, _ = nsl_compile.report(scanned.config, scanned, v5e_2x2)
   assert record["scan_layers"] and record["mosaic_kernels"] == 3  # forward, dq, dkv: one layer body
+  # XLA's cost analysis counts a loop body once; nsl.compile counts it per trip, so the scanned
+  # step does the unrolled step's work (same analytic count), not one layer's.
+  flat, _ = nsl_compile.report(unrolled.config, unrolled, v5e_2x2)
+  assert not flat["scan_layers"] and 2 in record["loop_trip_counts"]
+  assert record["xla_flops_per_step"] == pytest.approx(flat["xla_flops_per_step"], rel=0.05)
+  assert record["xla_flops_loops_once_per_step"] < 0.8 * record["xla_flops_per_step"]
+  for r in (record, flat):
+    assert 0.7 <= r["flops_ratio"] <= 1.3, r["flops_ratio"]
+    assert r["chip"] == "v5e" and 0 < r["roofline_mfu"] <= 1
+    assert r["roofline_step_seconds"] == max(r["roofline_compute_seconds"], r["roofline_memory_seconds"])
 
 
 def test_the_cli_prints_one_json_line_and_compiles_eval_too():
@@ -142,22 +152,22 @@ def test_a_mesh_that_does_not_fit_the_slice_is_a_config_error(v5e_2x2):
     program_lib.Program(config, v5e_2x2.devices)
 
 
-def test_the_fits_table_keeps_the_smallest_fitting_slice_per_generation(tmp_path):
-  from nsl import fits
+def test_the_hbm_table_keeps_the_smallest_fitting_slice_per_generation(tmp_path):
+  from nsl import hbm
 
-  assert fits.slices_for("v5p")[:3] == ["v5p-8", "v5p-16", "v5p-32"]
-  assert fits.slices_for("v5e")[:2] == ["v5e-1", "v5e-4"]
+  assert hbm.slices_for("v5p")[:3] == ["v5p-8", "v5p-16", "v5p-32"]
+  assert hbm.slices_for("v5e")[:2] == ["v5e-1", "v5e-4"]
   rows = [
-      {"config": "configs/sps_xl.py", "generation": "v5p", "topology": "v5p-32", "chips": 16, "fits": False},
-      {"config": "configs/sps_xl.py", "generation": "v5p", "topology": "v5p-64", "chips": 32, "fits": True,
+      {"config": "configs/sps.py:sps_xl", "generation": "v5p", "topology": "v5p-32", "chips": 16, "fits": False},
+      {"config": "configs/sps.py:sps_xl", "generation": "v5p", "topology": "v5p-64", "chips": 32, "fits": True,
        "remat": "full", "peak_bytes": 40 * 2**30, "compile_seconds": 61.0},
-      {"config": "configs/sps_xl.py", "generation": "v5p", "done": True, "fits": False},
-      {"config": "configs/sps_xl.py", "generation": "v5e", "done": True, "fits": False},
+      {"config": "configs/sps.py:sps_xl", "generation": "v5p", "done": True, "fits": False},
+      {"config": "configs/sps.py:sps_xl", "generation": "v5e", "done": True, "fits": False},
   ]
-  path = tmp_path / "fits.jsonl"
+  path = tmp_path / "hbm_fits.jsonl"
   path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"partial")  # an interrupted last line
-  text = fits.table(fits.load(str(path)), ["v5p", "v5e", "v6e"])
-  assert "| sps_xl.py | v5p-64 fsdp 32, remat full, 40.0 GiB, 61 s | no slice (see text) | not run |" in text
+  text = hbm.table(hbm.load(str(path)), ["v5p", "v5e", "v6e"])
+  assert "| sps.py:sps_xl | v5p-64 fsdp 32, remat full, 40.0 GiB, 61 s | no slice (see text) | not run |" in text
 
 
 def test_scanned_norm_gains_are_not_weight_decayed():

@@ -191,5 +191,10 @@ def make_backend(name: str, **kwargs):
 
 
 if __name__ == "__main__":  # the exec shim: python -m nsl.scaling.backends PROGRAM ARGS...
+  if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+    print("usage: python -m nsl.scaling.backends PROGRAM [ARGS...]\n\nThe grid runner's exec shim, not a "
+          "user command: ignores Ctrl-C, asks for SIGTERM when its parent dies, then becomes PROGRAM.",
+          file=sys.stdout if len(sys.argv) >= 2 else sys.stderr)
+    raise SystemExit(0 if len(sys.argv) >= 2 else 2)
   _child_setup()
   os.execvp(sys.argv[1], sys.argv[1:])
