@@ -1,13 +1,31 @@
-"""The CPU-sized scaling grid: 2 families x 3 sizes x 3 token budgets = 18 runs, minutes on 2 cores.
+"""The CPU-sized scaling grid: 2 families x 3 sizes x 3 compute levels = 18 runs, minutes on 2 cores.
 
 Standard transformer vs SPS (w = 16 tokens) on the embedded SOTU corpus at the byte level, 2-layer
-models of width 32 / 48 / 64 (35k-125k parameters), 64-token sequences, 16 per step. The budgets
-are 32 / 64 / 128 steps (33k-131k tokens); the WSD schedule warms up for 8 steps and decays over
-the last 16, so every budget ends with a decay as the paper's runs do. A cell takes 15-40 s here. Run, fit and plot it with:
+models of width 32 / 48 / 64 (35k-124k parameters), 64-token sequences, 16 per step. The budgets
+form IsoFLOP slices: at each of three compute levels (x2 apart) every size gets the tokens that
+spend the same standard-transformer training FLOPs (16-215 steps, 16k-220k tokens), so all three
+approaches of `nsl.scaling.fit` have something to read. SPS cells train on the same tokens as the
+standard ones; at about 1.9x the FLOPs per token they form their own slices, 1.9x up the compute
+axis. The WSD schedule warms up for 4 steps and decays over the last 8. A cell takes 10-40 s here.
+Run, fit and plot it with:
 
   python -m nsl.scaling.grid run --grid=configs/grids/tiny.py --root=runs/grid_tiny
-  python -m nsl.scaling.fit --root=runs/grid_tiny && python -m nsl.scaling.plot --root=runs/grid_tiny
+  python -m nsl.scaling.fit runs/grid_tiny
+  python -m nsl.scaling.plot --root=runs/grid_tiny
+
+Nine points per family cannot identify a five-parameter law; the fit says so (docs/guide/scaling.md).
 """
+
+TOKENS_PER_STEP = 16 * 64
+# Standard-transformer training FLOPs per token at these widths (`nsl.launch --mode=describe` of a
+# cell); only the slices' shape depends on them, so a change of FLOP convention does not break it.
+FLOPS_PER_TOKEN = {32: 235_008, 48: 472_320, 64: 789_504}
+LEVELS = (16, 32, 64)  # steps of the widest model at each compute level
+
+
+def steps(d: int, level: int) -> int:
+  """Steps that give width d the training FLOPs the widest model spends in `level` steps."""
+  return round(level * FLOPS_PER_TOKEN[64] / FLOPS_PER_TOKEN[d])
 
 
 def _size(d: int) -> dict:
@@ -15,22 +33,19 @@ def _size(d: int) -> dict:
 
 
 def get_grid():
-  tokens_per_step = 16 * 64
-  return {
-      "base": "configs/tiny.py",
-      "overrides": {
-          "data.path": "data/sotu-byte", "data.sources": ("sotu",), "data.tokenizer": "byte",
-          "model.vocab_size": 257, "model.n_layers": 2, "data.seq_len": 64, "train.batch_size": 16,
-          "train.lr": 3e-3, "train.warmup_steps": 8, "train.decay_steps": 16, "train.log_every": 16,
-          "train.eval_every": 1_000_000, "train.eval_batches": 16, "checkpoint.every": 32,
-          "checkpoint.async_save": False, "model.attention_chunk": 64,
-      },
-      "axes": {
-          "family": [{"_label": "standard", "family": "standard", "model.variant": "standard", "model.window": None},
-                     # SPS's tied <predict> row needs one id past the 257 bytes (sps.predict_token_id_of)
-                     {"_label": "sps", "family": "sps", "model.variant": "sps", "model.window": 16,
-                      "model.vocab_size": 264}],
-          "size": [_size(32), _size(48), _size(64)],
-          "tokens": [32 * tokens_per_step, 64 * tokens_per_step, 128 * tokens_per_step],
-      },
+  families = [{"_label": "standard", "family": "standard", "model.variant": "standard", "model.window": None},
+              # SPS's tied <predict> row needs one id past the 257 bytes (sps.predict_token_id_of)
+              {"_label": "sps", "family": "sps", "model.variant": "sps", "model.window": 16,
+               "model.vocab_size": 264}]
+  overrides = {
+      "data.path": "data/sotu-byte", "data.sources": ("sotu",), "data.tokenizer": "byte",
+      "model.vocab_size": 257, "model.n_layers": 2, "data.seq_len": 64, "train.batch_size": 16,
+      "train.lr": 3e-3, "train.warmup_steps": 4, "train.decay_steps": 8, "train.log_every": 16,
+      "train.eval_every": 1_000_000, "train.eval_batches": 16, "checkpoint.every": 64,
+      "checkpoint.async_save": False, "model.attention_chunk": 64,
   }
+  # One sub-grid per width (each with its own budgets), smallest first: a fit is possible early.
+  return [{"base": "configs/tiny.py", "overrides": overrides,
+           "axes": {"family": families, "size": [_size(d)],
+                    "tokens": [steps(d, level) * TOKENS_PER_STEP for level in LEVELS]}}
+          for d in (32, 48, 64)]

@@ -1,13 +1,17 @@
-"""Scaling-grid figures: `python -m nsl.scaling.plot --root=DIR` writes DIR/plots/*.png and *.pdf.
-
-Reads the finished runs (`records.load_runs`) and, when present, DIR/fits.json written by
-`nsl.scaling.fit`. Figures:
-  loss_vs_tokens    final loss vs training tokens, one line per model size, a panel per family;
-  loss_vs_params    final loss vs parameters per family, with the fitted law's curves;
-  loss_vs_compute   final loss vs C = 6ND, all families, with each fitted compute-optimal frontier;
-  multipliers       data multiplier D_eq/D vs N and compute multiplier C_eq/C vs C against the
-                    baseline, with 95% bootstrap bands (needs fits.json);
-  window_ablation   loss vs config `model.window` per family/size (only when windows differ).
+"""Scaling figures: `python -m nsl.scaling.plot --root=DIR` writes DIR/plots/*.png and *.pdf from
+DIR/fits.json (written by `python -m nsl.scaling.fit DIR`; docs/guide/scaling.md). Figures:
+  loss_vs_compute     final loss vs training compute, every family, with its envelope (approach 1)
+                      and its fitted law's compute-optimal frontier (approach 3);
+  isoflop             loss vs N within each compute slice, the fitted parabolas and their minima
+                      (approach 2), a panel per family;
+  optimal_vs_compute  N_opt and D_opt vs compute by each approach;
+  fitted_vs_observed  observed loss vs the approach-3 law's prediction;
+  loss_vs_tokens      final loss vs tokens, one line per size, a panel per family;
+  multipliers         data multiplier D_eq/D vs N and compute multiplier C_eq/C vs C against the
+                      baseline, with 95% bootstrap bands;
+  window_ablation     loss vs config `model.window` (grid roots whose runs differ in it).
+A fit the points do not identify is drawn all the same, greyed in its legend entry as "(not identifiable)".
+`--fits=PATH` plots a record written elsewhere (a table's fit), into `--out` (default: beside it).
 """
 
 from __future__ import annotations
@@ -23,11 +27,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from nsl.errors import ArgumentParser, NslError, cli_main  # noqa: E402
-from nsl.scaling.fit import (CI_PERCENTILES, Law, compute_multiplier, data_multiplier,  # noqa: E402
-                             laws_from_rows)
-from nsl.scaling.records import RunRecord, load_runs  # noqa: E402
-
-LAW_KEYS = ("E", "A", "B", "alpha", "beta")
+from nsl.scaling.approaches import CI_PERCENTILES  # noqa: E402
+from nsl.scaling.fit import compute_multiplier, data_multiplier, law_of  # noqa: E402
+from nsl.scaling.law import laws_from_rows  # noqa: E402
+from nsl.scaling.records import load_runs  # noqa: E402
 
 
 def human(x: float) -> str:
@@ -43,105 +46,177 @@ def _round(x: float) -> float:
   return float(f"{x:.2g}")
 
 
-def _fitted(fits: dict | None, label: str) -> Law | None:
-  fam = (fits or {}).get("families", {}).get(label)
-  return Law(*(fam[k] for k in LAW_KEYS)) if fam and fam.get("status") == "fitted" else None
-
-
-def _save(fig, out_dir: Path, name: str) -> list[Path]:
-  paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
-  fig.savefig(paths[0], dpi=150, bbox_inches="tight")
-  fig.savefig(paths[1], bbox_inches="tight")
-  plt.close(fig)
-  return paths
-
-
-def _panels(n: int, title: str):
-  cols = min(n, 3)
-  rows = -(-n // cols)
-  fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.2 * rows), squeeze=False)
-  for ax in axes.flat[n:]:
-    ax.set_visible(False)
-  fig.suptitle(title)
-  return fig, axes.flat
-
-
-def _n_of(r: RunRecord, n_key: str) -> float:
-  return getattr(r, n_key)
-
-
-def plot_loss_vs_tokens(groups, fits, n_key, loss_key, out_dir):
-  fig, axes = _panels(len(groups), f"Final {loss_key} loss vs training tokens, one line per model size")
-  for ax, (label, runs) in zip(axes, groups.items()):
-    sizes = sorted({_round(_n_of(r, n_key)) for r in runs})
-    colors = plt.cm.viridis(np.linspace(0, 0.9, len(sizes)))
-    law = _fitted(fits, label)
-    for size, color in zip(sizes, colors):
-      pts = sorted((r.tokens, r.loss(loss_key), _n_of(r, n_key))
-                   for r in runs if _round(_n_of(r, n_key)) == size)
-      D, L, N = np.array(pts).T
-      ax.plot(D, L, "o-", color=color, label=f"N={human(size)}")
-      if law is not None:
-        d = np.geomspace(D.min() / 1.5, D.max() * 1.5, 50)
-        ax.plot(d, law.loss(np.median(N), d), "--", color=color, lw=1)
-    ax.set(xscale="log", xlabel="training tokens D", ylabel=f"{loss_key} loss (nats/token)",
-           title=label + ("  (dashed: fitted law)" if law else "  (no fit)"))
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(alpha=0.3)
-  return _save(fig, out_dir, "loss_vs_tokens")
-
-
-def plot_loss_vs_params(groups, fits, n_key, loss_key, out_dir):
-  fig, axes = _panels(len(groups), f"Final {loss_key} loss vs parameters, with the fitted law L(N,D)")
-  for ax, (label, runs) in zip(axes, groups.items()):
-    N = np.array([_n_of(r, n_key) for r in runs])
-    D = np.array([r.tokens for r in runs])
-    L = np.array([r.loss(loss_key) for r in runs])
-    # One curve per fixed D or per fixed tokens-per-parameter ratio, whichever the grid has fewer of.
-    by_d, by_ratio = [_round(v) for v in D], [_round(v) for v in D / N]
-    use_ratio = len(set(by_ratio)) < len(set(by_d))
-    keys = by_ratio if use_ratio else by_d
-    values = sorted(set(keys))
-    colors = plt.cm.plasma(np.linspace(0, 0.85, len(values)))
-    law = _fitted(fits, label)
-    for value, color in zip(values, colors):
-      sel = np.array([k == value for k in keys])
-      name = f"D/N={value:g}" if use_ratio else f"D={human(value)}"
-      ax.plot(N[sel], L[sel], "o", color=color, label=name)
-      if law is not None:
-        n = np.geomspace(N[sel].min() / 1.5, N[sel].max() * 1.5, 50)
-        ax.plot(n, law.loss(n, value * n if use_ratio else value), "-", color=color, lw=1)
-    n_name = "total" if n_key == "params_total" else "non-embedding"
-    ax.set(xscale="log", xlabel=f"parameters N ({n_name})", ylabel=f"{loss_key} loss (nats/token)",
-           title=label + ("  (lines: fitted law)" if law else "  (no fit)"))
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(alpha=0.3)
-  return _save(fig, out_dir, "loss_vs_params")
-
-
 def family_colors(labels) -> dict[str, str]:
   """One colour per family label, the same in every figure."""
   return {label: f"C{i % 10}" for i, label in enumerate(sorted(labels))}
 
 
-def plot_loss_vs_compute(groups, fits, n_key, loss_key, out_dir):
-  fig, ax = plt.subplots(figsize=(7, 5))
-  colors = family_colors(groups)
-  for label, runs in groups.items():
-    color = colors[label]
-    C = np.array([6 * _n_of(r, n_key) * r.tokens for r in runs])
-    ax.plot(C, [r.loss(loss_key) for r in runs], "o", color=color, alpha=0.6, label=f"{label} runs")
-    law = _fitted(fits, label)
+def _save(fig, out_dir: Path, name: str) -> list[Path]:
+  paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
+  fig.savefig(paths[0], dpi=110, bbox_inches="tight")
+  fig.savefig(paths[1], bbox_inches="tight")
+  plt.close(fig)
+  return paths
+
+
+def _tag(res: dict) -> str:
+  return {True: "", None: " (unchecked)", False: " (not identifiable)"}[res.get("identifiable")]
+
+
+def _pts(fam: dict) -> np.ndarray:
+  return np.array(fam["points"], dtype=float).reshape(-1, 4)  # N, D, loss, C
+
+
+def _fpt(fam: dict) -> tuple[float, float]:
+  return tuple(fam["flops_per_token_model"])
+
+
+def plot_loss_vs_compute(fits, colors, out_dir, c_name):
+  fig, ax = plt.subplots(figsize=(7.5, 5))
+  for name, fam in fits["families"].items():
+    color, P = colors[name], _pts(fam)
+    ax.plot(P[:, 3], P[:, 2], "o", color=color, alpha=0.35, ms=5, label=f"{name} runs")
+    a1 = fam["approach1"]
+    front = a1.get("frontier") or {}
+    if front.get("C"):
+      ax.plot(front["C"], front["loss"], "o-", color=color, ms=7, mec="k", mew=0.6,
+              label=f"{name} envelope (lowest loss at its compute)")
+    law = law_of(fam)
     if law is not None:
-      c = np.geomspace(C.min() / 3, C.max() * 3, 100)
-      ax.plot(c, law.frontier_loss(c), "-", color=color,
-              label=f"{label} frontier: N_opt ∝ C^{law.n_exponent:.2f}, E={law.E:.2f}")
-  ax.set(xscale="log", xlabel="training compute C = 6·N·D (FLOPs)",
-         ylabel=f"{loss_key} loss (nats/token)",
-         title="Loss vs compute; lines: compute-optimal frontier of each fitted law")
-  ax.legend(fontsize=8)
-  ax.grid(alpha=0.3)
+      c = np.geomspace(P[:, 3].min() / 2, P[:, 3].max() * 2, 100)
+      ax.plot(c, law.frontier_loss(c, _fpt(fam)), "--", color=color, lw=1.2,
+              label=f"{name} law frontier{_tag(fam['approach3'])}")
+  ax.set(xscale="log", xlabel=f"training compute C ({c_name})", ylabel=f"{fits['method']['loss_key']} loss (nats/token)",
+         title="Loss vs compute: runs, envelope (approach 1), law frontier (approach 3)")
+  ax.legend(fontsize=7)
+  ax.grid(alpha=0.3, which="both")
   return _save(fig, out_dir, "loss_vs_compute")
+
+
+def _panels(n: int, title: str, w=5.2, h=4.2):
+  cols = min(n, 3)
+  rows = -(-n // cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(w * cols, h * rows), squeeze=False)
+  for ax in axes.flat[n:]:
+    ax.set_visible(False)
+  fig.suptitle(title)
+  return fig, list(axes.flat)
+
+
+def plot_isoflop(fits, out_dir):
+  fams = {n: f for n, f in fits["families"].items()
+          if any(s["n_sizes"] >= 3 for s in f["approach2"].get("slices", []))}
+  if not fams:
+    return None, "no compute slice of any family holds >= 3 sizes (the grid is not IsoFLOP-shaped)"
+  fig, axes = _panels(len(fams), "IsoFLOP profiles (approach 2): loss vs N per compute slice; "
+                      "★ parabola minimum (hollow: outside the slice's sizes)")
+  for ax, (name, fam) in zip(axes, fams.items()):
+    slices = [s for s in fam["approach2"]["slices"] if s["n_sizes"] >= 2]
+    shades = plt.cm.viridis(np.linspace(0, 0.9, len(slices)))
+    for s, color in zip(slices, shades):
+      P = np.array(s["points"], dtype=float).reshape(-1, 4)
+      order = np.argsort(P[:, 0])
+      ax.plot(P[order, 0], P[order, 2], "o", color=color, label=f"C≈{s['C']:.2g}")
+      if s.get("parabola_a_b_c"):
+        a, b, c = s["parabola_a_b_c"]
+        x = np.linspace(np.log(P[:, 0].min()) - 0.3, np.log(P[:, 0].max()) + 0.3, 60)
+        ax.plot(np.exp(x), a * x**2 + b * x + c, "-", color=color, lw=1)
+        ax.plot([s["N_opt"]], [s["loss_min"]], "*", ms=13, mec="k",
+                color=color if s.get("interior") else "none")
+    a2 = fam["approach2"]
+    verdict = "skipped" if a2["status"] != "fitted" else ("identifiable" if a2["identifiable"] else
+                                                          _tag(a2).strip(" ()") or "identifiable")
+    ax.set(xscale="log", xlabel="parameters N", ylabel="loss (nats/token)", title=f"{name}: approach 2 {verdict}")
+    ax.legend(fontsize=7, title="slice compute", title_fontsize=7)
+    ax.grid(alpha=0.3, which="both")
+  fig.tight_layout()
+  return _save(fig, out_dir, "isoflop"), None
+
+
+def plot_optimal_vs_compute(fits, colors, out_dir, c_name):
+  fig, (ax_n, ax_d) = plt.subplots(1, 2, figsize=(13, 5))
+  drawn = False
+  for name, fam in fits["families"].items():
+    color, P = colors[name], _pts(fam)
+    c = np.geomspace(P[:, 3].min() / 2, P[:, 3].max() * 2, 50)
+    a1, a2 = fam["approach1"], fam["approach2"]
+    if a1.get("frontier", {}).get("C"):
+      f = a1["frontier"]
+      ax_n.plot(f["C"], f["N"], "o", color=color, mfc="none")
+      ax_d.plot(f["C"], f["D"], "o", color=color, mfc="none")
+    for a, style, label in ((a1, "-", "1 envelope"), (a2, "--", "2 IsoFLOP")):
+      if a["status"] == "fitted":
+        drawn = True
+        for ax, key in ((ax_n, "N"), (ax_d, "D")):
+          k, e = a[f"{key}_opt_coefficient"], a[f"{key}_opt_exponent"]
+          ax.plot(c, k * c**e, style, color=color, label=f"{name} {label}: {key}_opt ∝ C^{e:.2f}{_tag(a)}")
+    minima = [s for s in a2.get("slices", []) if s.get("interior")]
+    if minima:
+      ax_n.plot([s["C"] for s in minima], [s["N_opt"] for s in minima], "*", ms=11, color=color, mec="k")
+      ax_d.plot([s["C"] for s in minima], [s["D_opt"] for s in minima], "*", ms=11, color=color, mec="k")
+    law = law_of(fam)
+    if law is not None:
+      drawn = True
+      n_opt, d_opt = law.compute_optimal(c, _fpt(fam))
+      tag = _tag(fam["approach3"])
+      ax_n.plot(c, n_opt, ":", color=color, lw=2, label=f"{name} 3 law: N_opt ∝ C^{law.n_exponent(_fpt(fam)):.2f}{tag}")
+      ax_d.plot(c, d_opt, ":", color=color, lw=2, label=f"{name} 3 law: D_opt ∝ C^{law.d_exponent(_fpt(fam)):.2f}{tag}")
+  if not drawn:
+    plt.close(fig)
+    return None, "no approach was fitted for any family"
+  for ax, key, what in ((ax_n, "N", "parameters"), (ax_d, "D", "tokens")):
+    lo, hi = min(_pts(f)[:, 0 if key == "N" else 1].min() for f in fits["families"].values()), \
+        max(_pts(f)[:, 0 if key == "N" else 1].max() for f in fits["families"].values())
+    ax.set_ylim(lo / 10, hi * 10)  # a wild extrapolation must not flatten the data's range
+    ax.set(xscale="log", yscale="log", xlabel=f"training compute C ({c_name})",
+           ylabel=f"compute-optimal {what} {key}_opt",
+           title=f"{key}_opt vs compute (○ envelope runs, ★ IsoFLOP minima)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, which="both")
+  fig.tight_layout()
+  return _save(fig, out_dir, "optimal_vs_compute"), None
+
+
+def plot_fitted_vs_observed(fits, colors, out_dir):
+  fams = {n: f for n, f in fits["families"].items() if law_of(f) is not None}
+  if not fams:
+    return None, "no family has an approach-3 law"
+  fig, ax = plt.subplots(figsize=(5.5, 5.2))
+  lo, hi = np.inf, -np.inf
+  for name, fam in fams.items():
+    P = _pts(fam)
+    pred = law_of(fam).loss(P[:, 0], P[:, 1])
+    a3 = fam["approach3"]
+    ax.plot(P[:, 2], pred, "o", color=colors[name],
+            label=f"{name}: rms log residual {a3['rms_log_residual']:.3g}{_tag(a3)}")
+    lo, hi = min(lo, P[:, 2].min(), np.nanmin(pred)), max(hi, P[:, 2].max(), np.nanmax(pred))
+  pad = 0.05 * (hi - lo)
+  ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], "k:", lw=1, label="fitted = observed")
+  ax.set(xlabel="observed loss (nats/token)", ylabel="approach-3 law L(N, D)", title="Fitted vs observed")
+  ax.legend(fontsize=7)
+  ax.grid(alpha=0.3)
+  return _save(fig, out_dir, "fitted_vs_observed"), None
+
+
+def plot_loss_vs_tokens(fits, out_dir):
+  fams = fits["families"]
+  fig, axes = _panels(len(fams), "Final loss vs training tokens, one line per model size")
+  for ax, (name, fam) in zip(axes, fams.items()):
+    P = _pts(fam)
+    sizes = sorted({_round(n) for n in P[:, 0]})
+    law = law_of(fam)
+    for size, color in zip(sizes, plt.cm.viridis(np.linspace(0, 0.9, len(sizes)))):
+      sel = np.array([_round(n) == size for n in P[:, 0]])
+      Q = P[sel][np.argsort(P[sel][:, 1])]
+      ax.plot(Q[:, 1], Q[:, 2], "o-", color=color, label=f"N={human(size)}")
+      if law is not None:
+        d = np.geomspace(Q[:, 1].min() / 1.5, Q[:, 1].max() * 1.5, 50)
+        ax.plot(d, law.loss(np.median(Q[:, 0]), d), "--", color=color, lw=1)
+    ax.set(xscale="log", xlabel="training tokens D", ylabel="loss (nats/token)",
+           title=name + (f"  (dashed: law{_tag(fam['approach3'])})" if law else "  (no law)"))
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+  return _save(fig, out_dir, "loss_vs_tokens")
 
 
 def _band(ax, x, curve, samples_SX, color, label):
@@ -156,57 +231,50 @@ def _band(ax, x, curve, samples_SX, color, label):
     ax.fill_between(x, lo, hi, color=color, alpha=0.2, lw=0)
 
 
-def plot_multipliers(fits, colors, out_dir):
+def plot_multipliers(fits, colors, out_dir, c_name):
   mult = fits.get("multipliers", {})
   if mult.get("status") != "ok" or not mult.get("data"):
     return None, mult.get("reason", "no non-baseline family was fitted")
   fams, base_name = fits["families"], mult["baseline"]
-  base = _fitted(fits, base_name)
-  base_boot = laws_from_rows(fams[base_name]["bootstrap"]["samples_E_A_B_alpha_beta"])
+  base, fpt_b = law_of(fams[base_name]), _fpt(fams[base_name]["approach3"])
+  base_boot = laws_from_rows(fams[base_name]["approach3"]["bootstrap"]["samples_E_A_B_alpha_beta"])
   fig, (ax_d, ax_c) = plt.subplots(1, 2, figsize=(13, 5))
-  undefined = 0
   for name in mult["data"]:
-    fam, law, color = fams[name], _fitted(fits, name), colors.get(name, "C0")
-    boots = list(zip(base_boot, laws_from_rows(fam["bootstrap"]["samples_E_A_B_alpha_beta"])))
-    pts = np.array(fam["points"])
-    ratio = float(np.median(pts[:, 1] / pts[:, 0]))
+    fam, color = fams[name], colors.get(name, "C0")
+    law, fpt_n = law_of(fam), _fpt(fam["approach3"])
+    boots = list(zip(base_boot, laws_from_rows(fam["approach3"]["bootstrap"]["samples_E_A_B_alpha_beta"])))
+    P = _pts(fam)
+    ratio = float(np.median(P[:, 1] / P[:, 0]))
+    tag = "" if mult["identifiable"][name]["identifiable"] else " (not identifiable)"
     n = np.geomspace(*fam["range"]["N"], 60)
-    curve, _, ok = data_multiplier(base, law, n, ratio * n)
-    undefined += int((~ok).sum())
+    curve = data_multiplier(base, law, n, ratio * n)[0]
     samples = np.array([data_multiplier(b, l, n, ratio * n)[0] for b, l in boots]).reshape(-1, len(n))
-    _band(ax_d, n, curve, samples, color, f"{name} at D = {ratio:.3g}·N")
-    c = np.geomspace(*fam["range"]["C_6ND"], 60)
-    curve, _, _, ok = compute_multiplier(base, law, c)
-    undefined += int((~ok).sum())
-    samples = np.array([compute_multiplier(b, l, c)[0] for b, l in boots]).reshape(-1, len(c))
-    _band(ax_c, c, curve, samples, color, name)
-  band = f"bands: {CI_PERCENTILES[0]}–{CI_PERCENTILES[1]}th bootstrap percentiles"
+    _band(ax_d, n, curve, samples, color, f"{name} at D = {ratio:.3g}·N{tag}")
+    c = np.geomspace(*fam["range"]["C"], 60)
+    curve = compute_multiplier(base, law, c, fpt_b, fpt_n)[0]
+    samples = np.array([compute_multiplier(b, l, c, fpt_b, fpt_n)[0] for b, l in boots]).reshape(-1, len(c))
+    _band(ax_c, c, curve, samples, color, f"{name}{tag}")
   for ax in (ax_d, ax_c):
     ax.axhline(1.0, color="k", lw=0.8, ls=":", label=f"parity with {base_name}")
-    ax.set_xscale("log")
-    ax.grid(alpha=0.3)
+    ax.set(xscale="log", yscale="log")
+    ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
   ax_d.set(xlabel="parameters N", ylabel="data multiplier D_eq / D",
-           title=f"Data efficiency vs {base_name}: tokens {base_name} needs for the same loss\n"
-                 f"÷ tokens used, at the same N ({band})")
-  ax_c.set(xlabel="training compute C = 6·N·D (FLOPs)", ylabel="compute multiplier C_eq / C",
-           title=f"Effective compute vs {base_name}: compute {base_name} needs for the same loss\n"
-                 "÷ compute used, both on their compute-optimal frontiers")
-  if undefined:
-    fig.suptitle(f"gaps: {undefined} points undefined (loss below the baseline's asymptote)", fontsize=9)
+           title=f"Tokens {base_name} needs for the same loss ÷ tokens used\n(same N; bands: 95% bootstrap)")
+  ax_c.set(xlabel=f"training compute C ({c_name})", ylabel="compute multiplier C_eq / C",
+           title=f"Compute {base_name} needs for the same loss ÷ compute used\n(both on their frontiers)")
   fig.tight_layout()
   return _save(fig, out_dir, "multipliers"), None
 
 
 def plot_window_ablation(groups, colors, n_key, loss_key, out_dir):
-  windows = sorted({r.window for runs in groups.values() for r in runs},
-                   key=lambda w: (w is None, w or 0))  # 'full' (None) last
+  windows = sorted({r.window for runs in groups.values() for r in runs}, key=lambda w: (w is None, w or 0))
   if len(windows) < 2:
     return None, "all runs have the same model.window"
   lines = {}
   for label, runs in groups.items():
     for r in runs:
-      key = (label, _round(_n_of(r, n_key)), _round(r.tokens))
+      key = (label, _round(getattr(r, n_key)), _round(r.tokens))
       lines.setdefault(key, {}).setdefault(r.window, []).append(r.loss(loss_key))
   lines = {k: v for k, v in lines.items() if len(v) >= 2}
   if not lines:
@@ -215,7 +283,7 @@ def plot_window_ablation(groups, colors, n_key, loss_key, out_dir):
   fig, ax = plt.subplots(figsize=(7, 5))
   for (label, size, tokens), by_w in sorted(lines.items()):
     ws = sorted(by_w, key=lambda w: pos[w])
-    ax.plot([pos[w] for w in ws], [np.mean(by_w[w]) for w in ws], "o-", color=colors[label],
+    ax.plot([pos[w] for w in ws], [np.mean(by_w[w]) for w in ws], "o-", color=colors.get(label, "C0"),
             label=f"{label}, N={human(size)}, D={human(tokens)}")
   ax.set_xticks(range(len(windows)), ["full" if w is None else str(w) for w in windows])
   ax.set(xlabel="attention window model.window (tokens; 'full' = unwindowed)",
@@ -225,55 +293,59 @@ def plot_window_ablation(groups, colors, n_key, loss_key, out_dir):
   return _save(fig, out_dir, "window_ablation"), None
 
 
-def make_plots(root: str | Path, loss_key: str = "val") -> tuple[list[Path], dict[str, str]]:
-  """Writes every figure the data supports; returns (files written, figure -> why skipped)."""
-  root = Path(root)
-  runset = load_runs(root, loss_key)
-  if not runset.runs:
-    raise NslError(f"--root={root}: no finished runs (status 'done') to plot")
-  fits = None
-  if (root / "fits.json").is_file():
-    try:
-      fits = json.loads((root / "fits.json").read_text())
-    except json.JSONDecodeError as e:
-      raise NslError(f"{root / 'fits.json'}: malformed JSON ({e.msg}, line {e.lineno}); "
-                     "rerun python -m nsl.scaling.fit") from None
-  fitted_key = (fits or {}).get("method", {}).get("loss_key", loss_key)
-  if fitted_key != loss_key:
-    raise NslError(f"{root / 'fits.json'} was fitted on eval[{fitted_key!r}] but --loss_key={loss_key}; "
-                   f"pass --loss_key={fitted_key} or refit")
-  # plot N as the fit counted it (total unless fitted with --params=non_embedding)
-  fitted_n = (fits or {}).get("method", {}).get("N")
-  n_key = fitted_n if fitted_n in ("params_total", "params_non_embedding") else "params_total"
-  out_dir = root / "plots"
-  out_dir.mkdir(exist_ok=True)
-  groups = runset.by_label()
-  written = plot_loss_vs_tokens(groups, fits, n_key, loss_key, out_dir)
-  written += plot_loss_vs_params(groups, fits, n_key, loss_key, out_dir)
-  written += plot_loss_vs_compute(groups, fits, n_key, loss_key, out_dir)
+def _read_fits(path: Path) -> dict:
+  try:
+    fits = json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise NslError(f"{path}: malformed JSON ({e.msg}, line {e.lineno}); rerun python -m nsl.scaling.fit") from None
+  if not isinstance(fits, dict) or "families" not in fits or "input" not in fits:
+    raise NslError(f"{path}: not a record of this nsl.scaling.fit (no 'input'/'families'); rerun the fit")
+  return fits
+
+
+def make_plots(root: str | Path | None = None, fits_path: str | Path | None = None,
+               out_dir: str | Path | None = None) -> tuple[list[Path], dict[str, str]]:
+  """Writes every figure the record supports; returns (files written, figure -> why skipped)."""
+  if root is None and fits_path is None:
+    raise NslError("pass --root=DIR (a grid root with fits.json) or --fits=PATH")
+  fits_path = Path(fits_path) if fits_path else Path(root) / "fits.json"
+  if not fits_path.is_file():
+    if root is not None and not Path(root).is_dir():
+      raise NslError(f"--root={root}: not a directory")
+    raise NslError(f"{fits_path}: no such file; run python -m nsl.scaling.fit {root or 'SOURCE'} first")
+  fits = _read_fits(fits_path)
+  out_dir = Path(out_dir) if out_dir else (Path(root) if root else fits_path.parent) / "plots"
+  out_dir.mkdir(parents=True, exist_ok=True)
+  colors = family_colors(fits["families"])
+  c_name = "stored FLOPs" if fits["method"]["compute"].startswith("stored") else "6ND"
+  written = plot_loss_vs_compute(fits, colors, out_dir, c_name) + plot_loss_vs_tokens(fits, out_dir)
   skipped = {}
-  if fits is None:
-    skipped["multipliers"] = (f"no {root / 'fits.json'}; "
-                              f"run python -m nsl.scaling.fit --root={root} first")
-  else:
-    paths, why = plot_multipliers(fits, family_colors(groups), out_dir)
+  for name, (paths, why) in {
+      "isoflop": plot_isoflop(fits, out_dir),
+      "optimal_vs_compute": plot_optimal_vs_compute(fits, colors, out_dir, c_name),
+      "fitted_vs_observed": plot_fitted_vs_observed(fits, colors, out_dir),
+      "multipliers": plot_multipliers(fits, colors, out_dir, c_name)}.items():
     written += paths or []
     if why:
-      skipped["multipliers"] = why
-  paths, why = plot_window_ablation(groups, family_colors(groups), n_key, loss_key, out_dir)
-  written += paths or []
-  if why:
-    skipped["window_ablation"] = why
+      skipped[name] = why
+  if fits["input"]["kind"] == "grid" and root is not None and Path(root).is_dir():
+    runset = load_runs(root, fits["method"]["loss_key"])
+    n_key = fits["method"]["N"] if fits["method"]["N"] in ("params_total", "params_non_embedding") else "params_total"
+    paths, why = plot_window_ablation(runset.by_label(), colors, n_key, fits["method"]["loss_key"], out_dir)
+    written += paths or []
+    if why:
+      skipped["window_ablation"] = why
   return written, skipped
 
 
 @cli_main
 def main(argv=None):
   p = ArgumentParser(prog="python -m nsl.scaling.plot", description=__doc__.split("\n")[0])
-  p.add_argument("--root", required=True, help="grid root: one directory per run (fits.json optional)")
-  p.add_argument("--loss_key", default="val", help="eval split used as the loss")
+  p.add_argument("--root", default=None, help="grid root holding fits.json (from nsl.scaling.fit)")
+  p.add_argument("--fits", default=None, help="a fit record elsewhere (default: ROOT/fits.json)")
+  p.add_argument("--out", default=None, help="directory for the figures (default: ROOT/plots)")
   args = p.parse_args(argv)
-  written, skipped = make_plots(args.root, args.loss_key)
+  written, skipped = make_plots(args.root, args.fits, args.out)
   for path in written:
     print(f"wrote {path}")
   for name, why in skipped.items():

@@ -50,6 +50,10 @@ class RunRecord:
   final_loss: float | None
   seed: int | None
   window: int | None  # config `model.window` (None = absent or full attention)
+  # eval splits in bits per byte and the validation bytes per token they came from
+  # (nsl.data.bytes_per_token); empty/None for runs recorded before they were stored
+  bits_per_byte: dict[str, float] = dataclasses.field(default_factory=dict)
+  bytes_per_token: float | None = None
 
   @property
   def label(self) -> str:
@@ -110,6 +114,11 @@ def _number(result: dict, field: str, path: Path) -> float:
   return float(v)
 
 
+def _optional_number(result: dict, field: str) -> float | None:
+  v = result.get(field)
+  return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
 def _record(root: Path, run_dir: Path, result: dict, config: dict) -> RunRecord:
   path = run_dir / "result.json"
   missing = [f for f in REQUIRED_FIELDS if f not in result]
@@ -137,6 +146,9 @@ def _record(root: Path, run_dir: Path, result: dict, config: dict) -> RunRecord:
       final_loss=None if final_loss is None else float(final_loss),
       seed=config.get("seed"),
       window=window if isinstance(window, int) and not isinstance(window, bool) else None,
+      bits_per_byte={str(k): float(v) for k, v in (result.get("eval_bits_per_byte") or {}).items()
+                     if isinstance(v, (int, float))},
+      bytes_per_token=_optional_number(result, "val_bytes_per_token"),
   )
 
 

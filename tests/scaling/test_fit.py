@@ -82,7 +82,22 @@ def test_compute_optimal_matches_numerical_minimum(law):
     assert 6 * n_opt * d_opt == pytest.approx(C, rel=1e-12)
     assert law.frontier_loss(C) == pytest.approx(res.fun, rel=1e-10)
     assert law.min_compute(law.frontier_loss(C)) == pytest.approx(C, rel=1e-9)
-  assert law.n_exponent + law.d_exponent == pytest.approx(1.0)
+  assert law.n_exponent() + law.d_exponent() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("fpt", [(6.0, 1.0), (9.0, 0.95), (4.0, 1.1)])
+def test_compute_optimal_under_a_flops_per_token_model(fpt):
+  """With C = c N^p D (stored FLOPs per token fitted as c N^p) the closed-form optimum is the
+  numerical minimum of L along C = const, and min_compute inverts frontier_loss."""
+  c, p = fpt
+  for C in (1e18, 1e22):
+    res = optimize.minimize_scalar(lambda logn: EPOCH.loss(np.exp(logn), C / (c * np.exp(logn) ** p)),
+                                   bounds=(np.log(1e3), np.log(1e13)), method="bounded", options={"xatol": 1e-10})
+    n_opt, d_opt = EPOCH.compute_optimal(C, fpt)
+    assert n_opt == pytest.approx(np.exp(res.x), rel=1e-4)
+    assert c * n_opt**p * d_opt == pytest.approx(C, rel=1e-12)
+    assert EPOCH.frontier_loss(C, fpt) == pytest.approx(res.fun, rel=1e-10)
+    assert EPOCH.min_compute(EPOCH.frontier_loss(C, fpt), fpt) == pytest.approx(C, rel=1e-9)
 
 
 def test_data_multiplier_exact_for_scaled_data():

@@ -78,30 +78,40 @@ def test_malformed_or_incomplete_result_names_the_file(tmp_path):
 def test_fit_then_plot_cli(grid_root, capsys):
   assert fit.main([f"--root={grid_root}", "--bootstrap=4"]) == 0
   report = json.loads((grid_root / "fits.json").read_text())
+  assert report["method"]["compute"] == "stored training FLOPs"
   fams = report["families"]
-  assert fams["sps_delayed"]["status"] == "skipped" and "needs >= 5 runs" in fams["sps_delayed"]["reason"]
+  delayed = fams["sps_delayed"]["approach3"]
+  assert delayed["status"] == "skipped" and delayed["identifiable"] is False
+  assert "needs >= 5 points" in delayed["reason"]
   for name in ("standard", "sps"):
-    fam = fams[name]
-    assert fam["status"] == "fitted" and fam["converged"]
-    assert fam["bootstrap"]["percentiles"] == [2.5, 97.5]
-    assert len(fam["bootstrap"]["samples_E_A_B_alpha_beta"]) == 4 - fam["bootstrap"]["n_dropped"]
-    assert fam["N_opt_exponent"] == pytest.approx(fam["beta"] / (fam["alpha"] + fam["beta"]))
+    a3 = fams[name]["approach3"]
+    assert a3["status"] == "fitted" and a3["converged"]
+    assert len(a3["bootstrap"]["samples_E_A_B_alpha_beta"]) == 4 - a3["bootstrap"]["n_dropped"]
+    assert a3["N_opt_exponent"] == pytest.approx(a3["beta"] / (a3["alpha"] + a3["beta"]), rel=0.02)
+    for k in (1, 2):
+      assert fams[name][f"approach{k}"]["identifiable"] in (True, False, None)
+  # sps spends 2x FLOPs per token in these records (its model is c N^p with c ≈ 12, p ≈ 1)
+  c, p = fams["sps"]["flops_per_token_model"]
+  assert c == pytest.approx(12.0, rel=1e-6) and p == pytest.approx(1.0, abs=1e-9)
   mult = report["multipliers"]
   assert mult["status"] == "ok" and mult["baseline"] == "standard"
   rows = mult["data"]["sps"]
   assert len(rows) == 16 and all(r["defined"] for r in rows)
   assert np.median([r["multiplier"] for r in rows]) == pytest.approx(2.0, rel=0.25)
-  comp = mult["compute"]["sps"]
-  # sps pays 2x FLOPs per token in these records: the measured-FLOPs multiplier halves
-  assert comp[0]["multiplier_measured_flops"] == pytest.approx(comp[0]["multiplier"] / 2)
+  # 2x the data efficiency at 2x the FLOPs per token: in stored FLOPs the two cancel
+  comp = [r["multiplier"] for r in mult["compute"]["sps"]]
+  assert np.median(comp) == pytest.approx(1.0, rel=0.2)
   out = capsys.readouterr().out
-  assert "sps vs standard" in out and "sps_delayed: skipped" in out
+  assert "sps vs standard" in out and "sps_delayed: 3 points" in out
+  assert "compute = stored training FLOPs" in out
 
   assert plot.main([f"--root={grid_root}"]) == 0
-  for name in ("loss_vs_tokens", "loss_vs_params", "loss_vs_compute", "multipliers", "window_ablation"):
+  for name in ("loss_vs_compute", "loss_vs_tokens", "optimal_vs_compute", "fitted_vs_observed",
+               "multipliers", "window_ablation"):
     for ext in ("png", "pdf"):
       path = grid_root / "plots" / f"{name}.{ext}"
       assert path.is_file() and path.stat().st_size > 1000, path
+  assert "skipped isoflop" in capsys.readouterr().out  # a Cartesian grid has no compute slices
 
 
 def test_empty_root_is_a_one_line_error(tmp_path):
@@ -116,4 +126,4 @@ def test_empty_root_is_a_one_line_error(tmp_path):
 
 def test_unknown_baseline_is_an_error(grid_root, capsys):
   assert fit.main([f"--root={grid_root}", "--baseline=stnadard", "--bootstrap=0"]) == 2
-  assert "no finished run has that family label" in capsys.readouterr().err
+  assert "no point has that family" in capsys.readouterr().err
