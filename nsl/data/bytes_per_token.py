@@ -12,6 +12,7 @@ Data dirs of labelled tasks (no text tokenizer) have no bytes: None.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -64,13 +65,14 @@ def val_bytes_per_token(data_dir: str, max_tokens: int = MAX_TOKENS) -> float | 
   except (OSError, ValueError, KeyError, TypeError, AttributeError):
     pass
   measure = _measure(data_dir, manifest, max_tokens)
+  tmp = f"{path}.{os.getpid()}.tmp"
   try:
-    tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
       json.dump({"stamp": stamp, "measure": measure}, f)
     os.replace(tmp, path)
-  except OSError:
-    pass  # a read-only data dir: measured again next time
+  except OSError:  # a read-only data dir: measured again next time
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
   return measure["bytes_per_token"] if measure else None
 
 
