@@ -141,7 +141,7 @@ class Trainer:
       self._log(f"resumed from {self.checkpointer.directory}/{latest}")
       return state
     with self.program.mesh_context():
-      state = self._init(jax.random.PRNGKey(nsl_config.init_seed(self.config)))
+      state = self._init(jax.random.PRNGKey(self.config.seed))
     if self.restore_from:
       params, step = checkpoint.restore_params(self.restore_from, self.abstract_state)
       state = state.replace(params=params)
@@ -269,8 +269,7 @@ class Trainer:
       try:
         self.checkpointer.close()
       finally:
-        result = self._result(status, step, last_loss, eval_loss, timing(), nonfinite_total,
-                              state if status != "failed" else None)
+        result = self._result(status, step, last_loss, eval_loss, timing(), nonfinite_total)
         if self.is_main:
           metrics.write_json(os.path.join(self.workdir, "result.json"), result)
           if status == "done":
@@ -282,18 +281,16 @@ class Trainer:
     self.final_state = state
     return result
 
-  def _result(self, status, step, last_loss, eval_loss, timing, nonfinite_total, state=None) -> dict[str, Any]:
+  def _result(self, status, step, last_loss, eval_loss, timing, nonfinite_total) -> dict[str, Any]:
     tokens = step * self.tokens_per_step
     evals = {"val" + self.eval_suffix: eval_loss} if eval_loss is not None else {}
     return {
         "status": status, "family": self.config.family, "variant": self.config.model.variant,
-        "seed": self.config.seed, "init_seed": nsl_config.init_seed(self.config), "steps": step, "tokens": tokens, **self.counts,
+        "seed": self.config.seed, "steps": step, "tokens": tokens, **self.counts,
         "flops_per_token": self.flops_per_token, "flops": self.flops_per_token * tokens,
         "flops_convention": FLOPS_CONVENTION, "final_loss": last_loss,
         "eval": evals, **bytes_per_token.record_fields(self.config.data.path, evals),
         "unigram_entropy_nats": self.manifest.get("unigram_entropy_nats"),
         **timing, "nonfinite_steps": nonfinite_total, "devices": jax.device_count(),
         "processes": jax.process_count(), "nsl_version": nsl.__version__,
-        # The final state's bits (docs/guide/determinism.md): equal digests, equal runs.
-        "state_sha256": checkpoint.state_digest(state) if state is not None else None,
     }
