@@ -1,12 +1,19 @@
 """NextLat and its GPT / MTP baselines (REFERENCES §4): `--config=configs/nextlat.py:NAME`.
 
+Every NextLat config is the authors' model (their `models/model_nextlat.py`, held against nsl in
+tools/xcheck/nextlat.py; docs/xcheck/nextlat.md): the dynamics model and losses of
+nsl/models/nextlat.py at its defaults, on the authors' trunk (`authors_trunk`: output head untied
+from the embedding, every matrix initialised N(0, 0.02) without GPT-2's residual scaling, their
+SwiGLU width 128·round(8d/3/128)). The GPT and MTP baselines run the same trunk.
+
 NAME (the leading `nextlat_` may be left off: `configs/nextlat.py:countdown` is `nextlat_countdown`):
   nextlat_tiny       the demo corpus (configs/tiny.py sizes), a d = 2 rollout, no prompt masking
   mtp_tiny           the MTP baseline there: d = 4 heads on the shared trunk
-  nextlat_path_star  path-star G_{2,5} at CPU scale (`path_star_data(c, d=5)` gives G_{5,5}), the
-                     paper's losses with the latent h read before the final norm (see there)
+  nextlat_path_star  path-star G_{5,5} with the authors' recipe (`path_star_recipe`): 12L/6H/384d,
+                     200k graphs, batch 512, LR 5e-4 constant, clip 100, 20k steps, d = ℓ − 2 = 3
+                     (an accelerator run; configs/grids/path_star_cpu.py is its CPU-scale study)
   gpt_path_star      the GPT baseline: nextlat_path_star without the dynamics model
-  mtp_path_star      the MTP baseline: d = 2 heads (next token and the one after) instead
+  mtp_path_star      the MTP baseline: d = ℓ − 2 heads instead
   nextlat_countdown  countdown at CPU scale
   gpt_countdown      the GPT baseline on countdown
 
@@ -19,19 +26,34 @@ These replace configs/NAME.py; the old paths still resolve here (nsl.config.MOVE
 import ml_collections
 
 from configs import base, tiny
-from nsl.models.latent_spec import mtp_section, nextlat_section  # the options' defaults live there
+# The options' defaults (the authors' model) live there.
+from nsl.models.latent_spec import authors_d_ff, authors_hidden, mtp_section, nextlat_section
 
 ARGS = ("nextlat_tiny", "nextlat_countdown", "nextlat_path_star", "gpt_countdown", "gpt_path_star",
         "mtp_tiny", "mtp_path_star")
-PATH_STAR_D, PATH_STAR_L = 2, 5
-PATH_STAR_N_TRAIN, PATH_STAR_N_TEST = 20_000, 1_000
+PATH_STAR_D, PATH_STAR_L = 5, 5
+PATH_STAR_N_TRAIN, PATH_STAR_N_TEST = 200_000, 20_000  # the paper's fixed sets
 COUNTDOWN_N_TRAIN, COUNTDOWN_N_TEST = 50_000, 1_000
+# Their stargraph tokenizer: labels, '|', '=', '/', '$', EOS, and one more id (maxNodes + 6 with
+# 100 labels); nsl's path-star tokens are labels and five specials (nsl/data/tasks/path_star.py).
+PATH_STAR_VOCAB = 106
+
+
+def authors_trunk(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The NextLat authors' trunk (their models/model_gpt.py Block under NextLatTransformer): an
+  output head separate from the token embedding, every matrix N(0, init_std) (no GPT-2 residual
+  scaling of the output projections), SwiGLU of width 128·round(8d/3/128). Call it after the
+  width is set."""
+  c.model.tie_embeddings = False
+  c.model.scaled_out_init = False
+  c.model.d_ff = authors_d_ff(c.model.d_model)
+  return c
 
 
 def path_star_data(c: ml_collections.ConfigDict, d: int = PATH_STAR_D, l: int = PATH_STAR_L,
                    n_train: int = PATH_STAR_N_TRAIN, n_test: int = PATH_STAR_N_TEST,
                    seed: int = 0) -> ml_collections.ConfigDict:
-  """Data section for G_{d,l} (nsl/data/tasks/path_star.py): one problem per window."""
+  """Data section for G_{d,ℓ} (nsl/data/tasks/path_star.py): one problem per window."""
   from nsl.data.tasks import path_star
 
   task = path_star.PathStar(d=d, l=l, n_train=n_train, n_test=n_test, seed=seed)
@@ -40,28 +62,36 @@ def path_star_data(c: ml_collections.ConfigDict, d: int = PATH_STAR_D, l: int = 
   c.data.tokenizer = "byte"  # unused for task sources (the task writes its own token ids)
   c.data.seq_len = task.doc_len - 1
   c.data.answer_token = path_star.ANSWER
-  c.model.vocab_size = 128
+  c.model.vocab_size = PATH_STAR_VOCAB
   return c
 
 
-def small_model(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Path-star at CPU scale (REFERENCES §4: paper G_{5,5} etc., 12L/6H/384d, batch 512, 20k
-  steps; here 3L/4H/96d, batch 64, 3000 steps on 20k training graphs, ≈ 12 minutes on 2 CPU cores)."""
-  c.model.d_model = 96
-  c.model.n_layers = 3
-  c.model.n_heads = 4
-  c.model.d_ff = 288
-  c.train.batch_size = 64
-  c.train.steps = 3000
-  c.train.lr = 2e-3
-  c.train.warmup_steps = 50
-  c.train.decay_steps = 600
+def path_star_recipe(c: ml_collections.ConfigDict, steps: int = 20_000) -> ml_collections.ConfigDict:
+  """The authors' path-star training (their paper's table and config): batch 512, AdamW
+  (0.9, 0.95), LR 5e-4 constant from the first step (no warmup, no decay), weight decay 0.1 on
+  every matrix (embedding and head included), gradient clipping at norm 100, 20k steps.
+  Evaluation samples at temperature 1."""
+  c.train.batch_size = 512
+  c.train.steps = steps
+  c.train.lr = 5e-4
+  c.train.schedule = "wsd"
+  c.train.warmup_steps = 0
+  c.train.decay_steps = 0  # wsd with neither warmup nor decay: constant
+  c.train.b1, c.train.b2 = 0.9, 0.95
   c.train.weight_decay = 0.1
+  c.train.clip_norm = 100.0
   c.train.log_every = 50
   c.train.eval_every = 1000
   c.train.eval_batches = 4
   c.checkpoint.every = 1000
   return c
+
+
+def path_star_model(c: ml_collections.ConfigDict, layers: int = 12, heads: int = 6,
+                    width: int = 384) -> ml_collections.ConfigDict:
+  """The paper's path-star model (12L/6H/384d) on the authors' trunk."""
+  c.model.n_layers, c.model.n_heads, c.model.d_model = layers, heads, width
+  return authors_trunk(c)
 
 
 def countdown_data(c: ml_collections.ConfigDict, n_train: int = COUNTDOWN_N_TRAIN,
@@ -81,7 +111,7 @@ def countdown_data(c: ml_collections.ConfigDict, n_train: int = COUNTDOWN_N_TRAI
   c.model.d_model = 128
   c.model.n_layers = 4
   c.model.n_heads = 4
-  c.model.d_ff = 384
+  authors_trunk(c)
   c.train.batch_size = 64
   c.train.steps = 3000
   c.train.lr = 1e-3
@@ -95,7 +125,7 @@ def countdown_data(c: ml_collections.ConfigDict, n_train: int = COUNTDOWN_N_TRAI
 
 
 def nextlat_tiny():
-  c = tiny.get_config()
+  c = authors_trunk(tiny.get_config())
   c.family = "nextlat"
   c.model.variant = "nextlat"
   c.model.nextlat = nextlat_section(hidden=2 * c.model.d_model)
@@ -104,7 +134,7 @@ def nextlat_tiny():
 
 
 def mtp_tiny():
-  c = tiny.get_config()
+  c = authors_trunk(tiny.get_config())
   c.family = "mtp"
   c.model.variant = "mtp"
   c.model.mtp = mtp_section(horizon=4)
@@ -113,18 +143,15 @@ def mtp_tiny():
 
 
 def nextlat_path_star():
-  c = small_model(path_star_data(base.get_config()))
+  c = path_star_recipe(path_star_model(path_star_data(base.get_config())))
   c.family = "nextlat"
   c.model.variant = "nextlat"
-  # The paper's losses (λ_h = 1, λ_KL = 1, MLP hidden 384, d = 2) with h read before the final
-  # norm (`latent="residual"`, the documented alternative to the family default "final_norm").
-  # With the final-normed h, λ_h = 1 collapses the trunk at this scale: CE stays at ≈ ln 48 (3.86
-  # after 400 steps, first decision 1%; after 3000 steps CE 1.7, test accuracy 0.1%), because
-  # L_next-h over every position pulls the normed states together faster than the answer-only CE
-  # separates them. With the residual h the same losses learn like GPT (400 steps: CE 1.61 vs
-  # GPT's 1.50, first decision 16% vs 18%, both still rising). Issue #17; configs/grids/path_star_cpu.py.
-  c.model.nextlat = nextlat_section(lambda_h=1.0, lambda_kl=1.0, horizon=2, hidden=384, draft_len=4,
-                                    latent="residual")
+  # The paper's λ_h = 1, λ_KL = 1, MLP hidden 384 (proj_factor 0.5 at 384d), rollout d = ℓ - 2,
+  # the final-normed latent. (nsl's earlier model, with the head tied to the embedding and L_KL
+  # training only p_ψ, collapsed here with this latent at CPU scale and needed `latent="residual"`;
+  # docs/xcheck/nextlat.md has what the authors' model does.)
+  c.model.nextlat = nextlat_section(lambda_h=1.0, lambda_kl=1.0, horizon=PATH_STAR_L - 2,
+                                    hidden=authors_hidden(c.model.d_model), draft_len=4)
   return c
 
 
@@ -140,7 +167,7 @@ def mtp_path_star():
   c.family = "mtp"
   c.model.variant = "mtp"
   del c.model["nextlat"]
-  c.model.mtp = mtp_section(horizon=2)
+  c.model.mtp = mtp_section(horizon=PATH_STAR_L - 2)
   return c
 
 
@@ -148,10 +175,9 @@ def nextlat_countdown():
   c = countdown_data(base.get_config())
   c.family = "nextlat"
   c.model.variant = "nextlat"
-  # The paper's λ_h = 2, λ_KL = 1 (MLP hidden 256 at this width, the paper's 768 at 768d), with the
-  # residual h as on path-star (the final-normed one collapses there at λ_h = 1).
-  c.model.nextlat = nextlat_section(lambda_h=2.0, lambda_kl=1.0, horizon=1, hidden=256, draft_len=4,
-                                    latent="residual")
+  # The paper's λ_h = 2, λ_KL = 1, d = 1, MLP hidden 768 at 768d (proj_factor 0.5; 128 at this width).
+  c.model.nextlat = nextlat_section(lambda_h=2.0, lambda_kl=1.0, horizon=1, hidden=authors_hidden(c.model.d_model),
+                                    draft_len=4)
   return c
 
 

@@ -111,7 +111,7 @@ def nextlat_rollout_losses(fam, params, inputs, seg, weights, z, horizon: int, h
   import numpy as np
 
   z, seg, weights = np.asarray(z), np.asarray(seg), np.asarray(weights)
-  emb = np.asarray(params["embed"]["embedding"])
+  emb = np.asarray(params["embed"].get("head", params["embed"]["embedding"]))  # the head (untied or tied)
   t_len = inputs.shape[1]
   lh, kl = [], []
   for i in range(1, horizon + 1):

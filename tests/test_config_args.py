@@ -127,7 +127,7 @@ def test_moved_table_is_every_family_files_ARGS():
     ("configs/dd.py:decoder_only_100m", ("standard", "standard", 12)),
     ("configs/lift.py:s5_oracle", ("lift", "lift", 2)),
     ("configs/lift.py:standard_s5_8x", ("standard", "standard", 2)),
-    ("configs/nextlat.py:mtp_path_star", ("mtp", "mtp", 3)),
+    ("configs/nextlat.py:mtp_path_star", ("mtp", "mtp", 12)),
 ])
 def test_file_arg_selects_the_family_member(spec, want):
   c = nsl_config.load_config(spec)

@@ -6,8 +6,8 @@ no family reads a field with its own `.get(field, default)`.
 Where they live in a config is unchanged (a new option, such as `latent`, is written into every
 nextlat config by `nextlat_section` and so changes those configs' grid run ids):
 `config.model.nextlat` (REFERENCES §4: loss weights λ_h, λ_KL, rollout horizon d, dynamics MLP
-width, self-speculative draft length, whether L_next-h trains the tied embedding, which hidden
-state is the latent h),
+width, self-speculative draft length, whether the latent losses train the embedding fed to p_ψ,
+which hidden state is the latent h; the defaults are the authors' code, docs/xcheck/nextlat.md),
 `config.model.mtp` (the number of heads d) and `config.data.answer_token` (prompt masking).
 """
 
@@ -20,7 +20,7 @@ import ml_collections
 from nsl.errors import ConfigError
 
 # NextLat's h (nsl/models/nextlat.py docstring): after the trunk's final RMSNorm (the vector the
-# tied head reads; the default, the paper's most likely reading) or the residual stream before it.
+# head reads; the default, the authors' code) or the residual stream before it.
 LATENTS = ("final_norm", "residual")
 NO_PROMPT_MASKING = -1  # data.answer_token: every next-token target counts (plain text)
 
@@ -63,7 +63,7 @@ class NextLatSpec:
   horizon: int = 2  # rollout steps d
   hidden: int = 384  # dynamics MLP width
   draft_len: int = 4  # tokens drafted per self-speculative step (nsl/speculative.py)
-  emb_grad: bool = False  # L_next-h also trains the (tied) token embedding fed to the dynamics model
+  emb_grad: bool = True  # the latent losses also train the token embedding fed to the dynamics model
   latent: str = "final_norm"  # which h: "final_norm" (what the head reads) | "residual" (before the final norm)
 
   @staticmethod
@@ -95,6 +95,17 @@ class MTPSpec:
     spec = _read(MTPSpec, section, "model.mtp")
     _at_least("model.mtp", spec, ("horizon",), 1)
     return spec
+
+
+def authors_hidden(d_model: int, proj_factor: float = 0.5) -> int:
+  """The authors' dynamics MLP width: 128 · round(proj_factor · 2d / 128) (Python's round, so
+  half-way cases go to even), at least 128. proj_factor 0.5 gives the paper's 384 at d = 384."""
+  return max(128, 128 * round(proj_factor * 2 * d_model / 128))
+
+
+def authors_d_ff(d_model: int) -> int:
+  """The authors' SwiGLU width (their models/model_gpt.py MLP): 128 · round(8d/3 / 128), at least 128."""
+  return max(128, 128 * round(8 * d_model / 3 / 128))
 
 
 def nextlat_section(**options) -> ml_collections.ConfigDict:

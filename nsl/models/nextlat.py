@@ -1,41 +1,41 @@
 """NextLat (next-latent prediction, REFERENCES §4) and the multi-token-prediction baseline MTP.
 
-NextLat is the standard transformer (same trunk, same tied head, same next-token loss) plus a
-latent dynamics model p_ψ that predicts the next final-layer hidden state from the current one
-and the next token:
+NextLat is the standard transformer (same trunk, same next-token loss) plus a latent dynamics
+model p_ψ that predicts the next final-layer hidden state from the current one and the next
+token. As the authors' code builds it (`models/model_nextlat.py`, cross-checked in
+tools/xcheck/nextlat.py; docs/xcheck/nextlat.md):
 
-  ĥ_{t+1} = f_ψ(LayerNorm(concat[h_t, emb(x_{t+1})])) + h_t,   f_ψ a 3-layer GELU MLP,
+  ĥ_{t+1} = h_t + W₃ GELU(W₂ GELU(W₁ RMSNorm(concat[emb(x_{t+1}), h_t]))),
 
-where h_t is the trunk's final hidden state and emb the shared token embedding. Which vector
-"the final-layer hidden state" is (`nextlat.latent`, issue #17):
-- `final_norm` (the default): after the final RMSNorm, the vector the tied head reads
-  (logits = h · Eᵀ). This is the paper's most likely reading: it writes the KL term and the
-  drafting step as the head applied to ĥ directly (p(·|ĥ), x ← head(ĥ)), which needs ĥ in the
-  head's input space, and in GPT-style code (`x = ln_f(x); logits = lm_head(x)`) the hidden
-  state handed to the head is the normed one.
+bias-free Linears, exact (erf) GELU, width `hidden` (theirs: 128·round(proj_factor · 2d / 128),
+`latent_spec.authors_hidden`), every matrix initialised N(0, 0.02). h_t is the trunk's final
+hidden state and emb the trunk's input embedding. The NextLat configs run the authors' trunk
+around it: an output head untied from the embedding (`model.tie_embeddings=False`) and every
+matrix at init_std (`model.scaled_out_init=False`). Which vector "the final-layer hidden state"
+is (`nextlat.latent`):
+- `final_norm` (the default, the authors'): after the final RMSNorm, the vector the head reads.
 - `residual`: the final residual stream before that norm. L_next-h and the rollout then live in
-  the residual space, and every head read of a latent (L_KL's p^sg, self-speculative drafts)
-  applies the trunk's final RMSNorm first (`read`; frozen for p^sg with the head), so the head
-  still sees a normalised vector. At λ_h = 1 on CPU-scale path-star the final-normed reading
-  collapses the trunk and this one does not (configs/nextlat.py:nextlat_path_star).
+  the residual space, and every head read of a latent (L_KL's logits, self-speculative drafts)
+  applies the trunk's final RMSNorm first (`read`; its scale frozen in L_KL, like the head).
+  Kept for the measurement in configs/nextlat.py: nsl's earlier model (tied head, L_KL on the
+  dynamics only) collapsed on CPU path-star with the final-normed h and not with this one.
 Loss:
 
   L = L_next-token + λ_h · L_next-h + λ_KL · L_KL
-  L_next-h = mean_t (1/d) Σ_{i=1..d} SmoothL1(sg[h_{t+i}], ĥ_{t+i})
-  L_KL     = mean_t (1/d) Σ_{i=1..d} KL(p^sg(·|sg[h_{t+i}]) ‖ p^sg(·|ĥ^sg_{t+i}))
+  L_next-h = (1/d) Σ_{i=1..d} mean_t SmoothL1(sg[h_{t+i}], ĥ_{t+i})
+  L_KL     = (1/d) Σ_{i=1..d} mean_t KL(softmax(sg[H h_{t+i}]) ‖ softmax(sg[H] ĥ_{t+i}))
 
-ĥ_{t+i} is the i-step recursive rollout of f_ψ from h_t under the teacher-forced tokens
-x_{t+1..t+i}. L_next-h's rollout starts from h_t *with* gradient (the trunk learns latents that
-are predictable), targets are stop-gradient. L_KL uses a second rollout ĥ^sg from sg[h_t] with
-sg[emb] and the head frozen (sg[E]), so its gradient reaches only ψ (tested). The token
-embedding fed to p_ψ is stop-gradient in L_next-h too unless `nextlat.emb_grad` (the tied
-embedding is the output head; REFERENCES does not say, and letting L_next-h move it stalled the
-next-token loss in our CPU path-star runs); h_t keeps its gradient. SmoothL1 is
-Huber with β = 1, averaged over the hidden dimension. Masks: a rollout pair (t, i) counts iff
-t + i < T and positions t..t+i are in one document (latent losses never cross a document
-boundary); L_KL additionally drops pairs whose position t+i is a prompt position (its target
-is not trained by CE); L_next-h keeps prompt positions. Each i is averaged over its valid pairs,
-then the d terms are averaged.
+ĥ_{t+i} is the i-step recursive rollout of p_ψ from h_t under the teacher-forced tokens
+x_{t+1..t+i}. As in the authors' code, the only stop-gradients are the targets (h_{t+i} in
+L_next-h, the teacher logits in L_KL) and the head's weights H in L_KL's student logits: both
+latent losses reach ψ, the trunk (through h_t) and the input embedding fed to p_ψ (unless
+`nextlat.emb_grad` is off: nsl's earlier reading, measured when the embedding was also the
+head). SmoothL1 is Huber with β = 1 averaged over the hidden dimension. Masks: a rollout pair
+(t, i) counts iff t + i < T and positions t..t+i are in one document; L_KL additionally drops
+pairs whose position t+i is a prompt position (its target is not trained by CE); L_next-h keeps
+prompt positions. Each i is averaged over its valid pairs, then the d terms are averaged. (The
+authors mask only rollouts whose target token is EOS, so on packed rows their i ≥ 2 rollouts
+may cross a document; on one document per row, path-star and countdown, the two are the same.)
 
 Prompt masking: with `config.data.answer_token = A >= 0`, a next-token target counts only when
 an A token occurs at or before its input position in the same document (tasks put A right
@@ -46,12 +46,12 @@ Variants of family `nextlat`: `nextlat` (the above) and `gpt` (no dynamics model
 trunk, prompt masking and records, the GPT baseline of the planning tasks).
 
 Family `mtp` (Gloeckle et al. 2024 style, REFERENCES §4 baselines): d heads on the shared trunk;
-head 1 is the plain tied head (next token), head i ≥ 2 is a residual GELU MLP on h then RMSNorm
-then the tied head, predicting token t+i; loss = mean over heads of their masked CE.
+head 1 is the plain head (next token), head i ≥ 2 is a residual GELU MLP on h then RMSNorm then
+the shared head, predicting token t+i; loss = mean over heads of their masked CE.
 
 Config (`config.model.nextlat`): lambda_h, lambda_kl, horizon d, hidden (MLP width), draft_len
-(self-speculative decoding, nsl/speculative.py), emb_grad, latent. `config.model.mtp.horizon`. Their defaults and
-checks live in nsl/models/latent_spec.py (`NextLatSpec`, `MTPSpec`).
+(self-speculative decoding, nsl/speculative.py), emb_grad, latent. `config.model.mtp.horizon`. Their
+defaults and checks live in nsl/models/latent_spec.py (`NextLatSpec`, `MTPSpec`).
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from nsl.nn import attention, layers, masks
@@ -120,7 +121,8 @@ def _masked_mean(x, w):
 
 
 class Dynamics(nn.Module):
-  """p_ψ: ĥ' = MLP(LayerNorm(concat[h, e])) + h, a 3-layer GELU MLP of width `hidden`."""
+  """p_ψ as the authors build it (`NextLatDynamicsModel`): ĥ' = h + MLP(RMSNorm(concat[e, h])),
+  a 3-layer bias-free MLP of width `hidden` with exact GELU, every matrix N(0, init_std)."""
 
   dims: layers.Dims
   hidden: int
@@ -128,25 +130,19 @@ class Dynamics(nn.Module):
   @nn.compact
   def __call__(self, h_BTD, e_BTD):
     d, f, std = self.dims.d_model, self.hidden, self.dims.init_std
-    x = jnp.concatenate([h_BTD, e_BTD.astype(h_BTD.dtype)], axis=-1).astype(jnp.float32)
-    scale = self.param("ln_scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (2 * d,))
-    bias = self.param("ln_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)), (2 * d,))
-    mu = jnp.mean(x, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(x - mu), axis=-1, keepdims=True)
-    x = ((x - mu) * jax.lax.rsqrt(var + 1e-5) * scale + bias).astype(h_BTD.dtype)
+    x = jnp.concatenate([e_BTD.astype(h_BTD.dtype), h_BTD], axis=-1)  # their order: token, then state
+    x = layers.RMSNorm(self.dims.norm_eps, name="norm")(x)
     shapes = [(2 * d, f), (f, f), (f, d)]
     axes = [("embed", "mlp"), (None, "mlp"), ("mlp", "embed")]
     for j, (shape, ax) in enumerate(zip(shapes, axes)):
-      w = self.param(f"w{j}", layers._init(std, ax), shape)
-      b = self.param(f"b{j}", nn.with_logical_partitioning(nn.initializers.zeros, (ax[1],)), (shape[1],))
-      x = layers.dense(x, w) + b.astype(x.dtype)
+      x = layers.dense(x, self.param(f"w{j}", layers._init(std, ax), shape))
       if j < 2:
-        x = jax.nn.gelu(x)
+        x = jax.nn.gelu(x, approximate=False)  # torch nn.GELU(): erf, not tanh
     return h_BTD + x.astype(h_BTD.dtype)
 
 
 class MTPHead(nn.Module):
-  """Head i >= 2 of MTP: RMSNorm(h + W2 GELU(W1 h)), read by the tied head."""
+  """Head i >= 2 of MTP: RMSNorm(h + W2 GELU(W1 h)), read by the shared head."""
 
   dims: layers.Dims
 
@@ -160,14 +156,13 @@ class MTPHead(nn.Module):
 
 
 class LatentLM(LM):
-  """The standard LM (`transformer.LM`: its `embed`, `trunk`, `hidden` and tied head, so the
-  shared KV-cache decoder reads the same parameter tree) plus `dynamics` (nextlat) or
-  `mtp_heads` (mtp)."""
+  """The standard LM (`transformer.LM`: its `embed`, `trunk`, `hidden` and head, so the shared
+  KV-cache decoder reads the same parameter tree) plus `dynamics` (nextlat) or `mtp_heads` (mtp)."""
 
   kind: str = "nextlat"  # nextlat | gpt | mtp
   dyn_hidden: int = 0
   horizon: int = 1
-  emb_grad: bool = False  # L_next-h's gradient reaches the token embedding fed to p_ψ
+  emb_grad: bool = True  # the latent losses' gradient reaches the token embedding fed to p_ψ
   latent: str = "final_norm"  # NextLat's h: final_norm | residual (latent_spec.LATENTS)
 
   def setup(self):
@@ -197,10 +192,11 @@ class LatentLM(LM):
     return layers.RMSNorm(self.dims.norm_eps, parent=None).apply({"params": {"scale": scale}}, z_BTD)
 
   def frozen_logits(self, z_BTD):
-    """The head with a stop-gradient copy of its weights (p^sg): sg[E] on `read(z)`, with the
-    final norm's scale frozen too for `residual` latents."""
+    """The head with its weights stop-gradient (L_KL's logits: theirs `F.linear(ĥ, W.detach())`)
+    on `read(z)`, the final norm's scale frozen too for `residual` latents; the gradient still
+    reaches z."""
     h_BTD = self.read(z_BTD, frozen=True)
-    return layers.dense(h_BTD, sg(self.embedder.embedding), transpose_w=True, preferred_element_type=jnp.float32)
+    return layers.dense(h_BTD, sg(self.embedder.head_weight()), transpose_w=True, preferred_element_type=jnp.float32)
 
   def latent_logits(self, z_BTD):
     """Next-token logits read from a (predicted) latent: the head on `read(z)` (self-speculative
@@ -230,18 +226,16 @@ class LatentLM(LM):
     if self.kind == "nextlat":
       emb = self.embedder.encode(inputs_BT)
       if not self.emb_grad:
-        emb = sg(emb)  # the tied embedding/head then learns from the next-token loss only
-      r, r_kl = z, sg(z)
+        emb = sg(emb)
+      r = z
       lh_terms, kl_terms = [], []
       for i in range(1, self.horizon + 1):
-        e_i = shift_left(emb, i)  # emb(x_{t+i})
-        r = self.dynamics(r, e_i)
-        r_kl = self.dynamics(r_kl, sg(e_i))
+        r = self.dynamics(r, shift_left(emb, i))  # ĥ_{t+i} from ĥ_{t+i-1} and emb(x_{t+i})
         target = sg(shift_left(z, i))
         valid = rollout_valid(seg_BT, i).astype(jnp.float32)
         lh_terms.append(_masked_mean(smooth_l1(r, target), valid))
         kl_w = valid * shift_left(weights_BT, i)
-        kl_terms.append(_masked_mean(kl_logits(self.frozen_logits(target), self.frozen_logits(r_kl)), kl_w))
+        kl_terms.append(_masked_mean(kl_logits(self.frozen_logits(target), self.frozen_logits(r)), kl_w))
       l_h, l_kl = sum(lh_terms) / self.horizon, sum(kl_terms) / self.horizon
       total = total + lambda_h * l_h + lambda_kl * l_kl
       metrics.update(next_h=l_h, kl=l_kl, next_h_last=lh_terms[-1], kl_last=kl_terms[-1])
@@ -258,7 +252,7 @@ class LatentLM(LM):
 
 class LatentFamily(Family):
   """What NextLat and MTP share: the standard trunk and rule, prompt masking, and next-token
-  logits read from the plain tied head (head 1; the dynamics model and extra heads only train)."""
+  logits read from the plain head (head 1; the dynamics model and extra heads only train)."""
 
   decodes_with_trunk = True
 
@@ -277,6 +271,19 @@ class LatentFamily(Family):
   def model_inputs(self, batch):
     inputs, _, seg_in, _ = layers.next_token_targets(batch)
     return inputs, seg_in
+
+  def trunk_flops_per_token(self, exclude: tuple[str, ...] = ()) -> float:
+    """`train_flops_per_token` of the parameters outside `exclude` (top-level names), each used
+    once per token; an untied input embedding is a lookup, not a product, so it is left out (a
+    tied one is counted once, as the head)."""
+    t = self.seq_len
+    layout = masks.Layout.causal(t)
+    pairs = masks.visible_pairs(masks.Rule(persistent_window=self.config.model.window), layout, layout)
+    tree = nn.unbox(self.abstract_params())
+    n = sum(int(np.prod(a.shape)) for k, sub in tree.items() if k not in exclude for a in jax.tree.leaves(sub))
+    if not self.dims.tie_embeddings:
+      n -= self.dims.vocab_size * self.dims.d_model
+    return train_flops_per_token(n, pairs / t, self.dims.n_layers, self.dims.d_model)
 
   def token_logits(self, params, batch, *, model=None):
     """The next-token head's logits [B, T, V] (`Family.token_logits`): the logits of the CE term
@@ -323,19 +330,16 @@ class NextLatFamily(LatentFamily):
                             method="losses")
 
   def flops_per_token(self) -> float:
-    """Trunk as the standard family; plus per rollout step two dynamics passes (the L_next-h one
-    with input gradients, the L_KL one) and the frozen-head reads of L_KL (approximate)."""
-    t = self.seq_len
-    layout = masks.Layout.causal(t)
-    pairs = masks.visible_pairs(masks.Rule(persistent_window=self.config.model.window), layout, layout)
-    counts = self.param_counts()
-    base = train_flops_per_token(counts["params_total"], pairs / t, self.dims.n_layers, self.dims.d_model)
+    """Trunk as the standard family; plus per rollout step one dynamics pass (forward and both
+    backward products) and L_KL's head reads: the teacher's forward, the student's forward and
+    its input gradient (the head's weights are frozen there)."""
+    base = self.trunk_flops_per_token(exclude=("dynamics",))
     if self.variant == "gpt":
       return base
     d, h = self.dims.d_model, self.spec.hidden
     dyn = 2 * d * h + h * h + h * d
     head = self.dims.vocab_size * d
-    return base + self.horizon * (2 * 6.0 * dyn + 8.0 * head)
+    return base + self.horizon * (6.0 * dyn + 6.0 * head)
 
 
 class MTPFamily(LatentFamily):
@@ -362,10 +366,5 @@ class MTPFamily(LatentFamily):
     return self.model.apply({"params": params}, inputs, targets, seg_in, weights, method="losses")
 
   def flops_per_token(self) -> float:
-    t = self.seq_len
-    layout = masks.Layout.causal(t)
-    pairs = masks.visible_pairs(masks.Rule(persistent_window=self.config.model.window), layout, layout)
-    counts = self.param_counts()
-    extra_heads = (self.horizon - 1) * self.dims.vocab_size * self.dims.d_model  # tied head reused
-    return train_flops_per_token(counts["params_total"] + extra_heads, pairs / t, self.dims.n_layers,
-                                 self.dims.d_model)
+    extra_heads = (self.horizon - 1) * self.dims.vocab_size * self.dims.d_model  # the shared head, reused
+    return self.trunk_flops_per_token() + 6.0 * extra_heads

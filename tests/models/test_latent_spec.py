@@ -14,8 +14,9 @@ def test_configs_sections_are_the_specs_defaults_with_their_changes():
   assert NextLatSpec.from_config(c) == NextLatSpec(hidden=2 * c.model.d_model)  # d = 192
   assert dict(c.model.nextlat) == dict(nextlat_section(hidden=384))
   path_star = NextLatSpec.from_config(nsl_config.load_config("configs/nextlat.py:path_star"))
-  assert (path_star.lambda_h, path_star.horizon, path_star.hidden, path_star.draft_len) == (1.0, 2, 384, 4)
-  assert path_star.latent == "residual" and NextLatSpec.from_config(c).latent == "final_norm"  # issue #17
+  # The authors' path-star model: d = ℓ - 2 = 3 on G_{5,5}, hidden 384 at 384d, final-normed h.
+  assert (path_star.lambda_h, path_star.horizon, path_star.hidden, path_star.draft_len) == (1.0, 3, 384, 4)
+  assert path_star.latent == "final_norm" and path_star.emb_grad is True  # issue #45
   assert MTPSpec.from_config(nsl_config.load_config("configs/nextlat.py:mtp_tiny")).horizon == 4
   assert answer_token(c) == -1
   assert answer_token(nsl_config.load_config("configs/nextlat.py:gpt_path_star")) == 102
@@ -25,7 +26,7 @@ def test_the_family_reads_the_spec():
   c = nsl_config.load_config("configs/nextlat.py:tiny", [("model.nextlat.horizon", "3")])
   del c.model.nextlat["emb_grad"]  # a hand-written section may leave options at their defaults
   family = registry.get_family(c)
-  assert family.horizon == 3 and family.spec.emb_grad is False and family.spec.draft_len == 4
+  assert family.horizon == 3 and family.spec.emb_grad is True and family.spec.draft_len == 4
   assert dict(mtp_section()) == {"horizon": 2}
 
 

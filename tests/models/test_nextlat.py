@@ -1,5 +1,6 @@
-"""NextLat and MTP losses from their definitions (REFERENCES §4): the d-step rollout, the
-stop-gradients (L_KL reaches only the dynamics model), prompt and document-boundary masks."""
+"""NextLat and MTP losses from their definitions (REFERENCES §4) as the authors' code computes
+them (docs/xcheck/nextlat.md): the d-step rollout, the stop-gradients (targets, teacher logits and
+the head's weights in L_KL only), prompt and document-boundary masks."""
 
 import flax.linen as nn
 import jax
@@ -78,17 +79,56 @@ def _norm(tree):
   return float(optax.global_norm(tree))
 
 
-def test_kl_gradient_reaches_only_dynamics(setup):
+def _grads(fam, params, name, batch=None):
+  inputs, targets, seg, weights = nextlat.task_targets(batch or _batch(), ANS)
+  f = lambda p: fam.model.apply({"params": p}, inputs, targets, seg, weights, 1.0, 1.0, method="losses")[1][name]
+  return jax.jit(jax.grad(f))(params)
+
+
+def test_kl_gradient_reaches_trunk_and_embedding_not_head(setup):
+  """The authors' L_KL: student logits F.linear(ĥ, W_head.detach()) from the one rollout, so its
+  gradient reaches p_ψ, the trunk through h_t and the input embedding fed to p_ψ; the head's
+  weights (untied here, `embed/head`) and the teacher side get none."""
   fam, params = setup
-  batch = _batch()
-  inputs, targets, seg, weights = nextlat.task_targets(batch, ANS)
-  kl = lambda p: fam.model.apply({"params": p}, inputs, targets, seg, weights, 1.0, 1.0, method="losses")[1]["kl"]
-  g = jax.jit(jax.grad(kl))(params)
-  assert _norm(g["trunk"]) == 0.0 and _norm(g["embed"]) == 0.0
-  assert _norm(g["dynamics"]) > 0.0
-  nh = lambda p: fam.model.apply({"params": p}, inputs, targets, seg, weights, 1.0, 1.0, method="losses")[1]["next_h"]
-  g = jax.jit(jax.grad(nh))(params)
-  assert _norm(g["dynamics"]) > 0.0 and _norm(g["trunk"]) > 0.0  # the trunk is shaped via h_t
+  assert "head" in params["embed"]  # the NextLat configs untie the head (model.tie_embeddings=False)
+  g = _grads(fam, params, "kl")
+  assert _norm(g["dynamics"]) > 0.0 and _norm(g["trunk"]) > 0.0 and _norm(g["embed"]["embedding"]) > 0.0
+  assert _norm(g["embed"]["head"]) == 0.0
+  g = _grads(fam, params, "next_h")
+  assert _norm(g["dynamics"]) > 0.0 and _norm(g["trunk"]) > 0.0 and _norm(g["embed"]["embedding"]) > 0.0
+  assert _norm(g["embed"]["head"]) == 0.0
+  g = _grads(fam, params, "ce")
+  assert _norm(g["dynamics"]) == 0.0 and _norm(g["embed"]["head"]) > 0.0
+
+
+def test_emb_grad_off_cuts_only_the_path_through_p_psi(setup):
+  """`emb_grad=False` stops the embedding fed to p_ψ: the embedding still learns through the
+  trunk (it is the trunk's input), so its gradient changes while the trunk's stays the same."""
+  fam, params = setup
+  params = {**params, "dynamics": jax.tree.map(lambda w: 30.0 * w, params["dynamics"])}  # a visible path
+  c = _config()
+  c.model.nextlat.emb_grad = False
+  off = registry.get_family(c)
+  for name in ("kl", "next_h"):
+    g_on, g_off = _grads(fam, params, name), _grads(off, params, name)
+    np.testing.assert_allclose(_norm(jax.tree.map(jnp.subtract, g_on["trunk"], g_off["trunk"])), 0.0, atol=1e-7)
+    assert _norm(g_on["embed"]["embedding"] - g_off["embed"]["embedding"]) > 1e-2 * _norm(g_on["embed"]["embedding"])
+
+
+def test_dynamics_is_the_authors_module(setup):
+  """p_ψ = h + W2 GELU_erf(W1 GELU_erf(W0 RMSNorm(concat[e, h]))), bias-free, recomputed by hand."""
+  fam, params = setup
+  p = params["dynamics"]
+  assert sorted(p) == ["norm", "w0", "w1", "w2"]
+  rng = np.random.default_rng(0)
+  h, e = rng.normal(size=(2, 3, D)).astype(np.float32), rng.normal(size=(2, 3, D)).astype(np.float32)
+  x = np.concatenate([e, h], -1)
+  x = x / np.sqrt(np.mean(x * x, -1, keepdims=True) + 1e-5) * np.asarray(p["norm"]["scale"])
+  from scipy.special import erf
+  gelu = lambda v: 0.5 * v * (1 + erf(v / np.sqrt(2)))
+  want = h + gelu(gelu(x @ np.asarray(p["w0"])) @ np.asarray(p["w1"])) @ np.asarray(p["w2"])
+  got = fam.model.apply({"params": params}, jnp.asarray(h), jnp.asarray(e), method=lambda m, a, b: m.dynamics(a, b))
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_next_h_targets_are_stop_gradient(setup):
