@@ -3,10 +3,13 @@
 # Usage:
 #   launch/gpu_slurm.sh NODES CONFIG WORKDIR [--config.a.b=v ...]
 # Environment: GPUS_PER_NODE (default 8), PARTITION, ACCOUNT, TIME (default 24:00:00),
-#   NSL_REPO_DIR (default: this checkout), NSL_PORT (coordinator port, default 29500),
+#   NSL_REPO_DIR (default: this checkout), NSL_PYTHON (default: NSL_REPO_DIR/.venv/bin/python,
+#   a Python with `pip install -e ".[gpu]"`), NSL_PORT (coordinator port, default 29500),
 #   NSL_DRY_RUN=1 (print the batch script instead of submitting it).
-# The first node of the allocation is the coordinator; each task passes its SLURM_PROCID as
-# --process_id. WORKDIR must be on a filesystem shared by the nodes.
+# The first node of the allocation is the coordinator (HOST:NSL_PORT); each task passes its
+# SLURM_PROCID as --process_id and SLURM_NTASKS as --num_processes. WORKDIR (and a CONFIG file
+# given relative to the current directory) are made absolute here, since the job runs from
+# NSL_REPO_DIR; WORKDIR must be on a filesystem shared by the nodes. docs/guide/accelerators.md.
 set -euo pipefail
 if [ $# -lt 3 ]; then
   echo "usage: $0 NODES CONFIG WORKDIR [--config.a.b=v ...]" >&2
@@ -14,10 +17,21 @@ if [ $# -lt 3 ]; then
 fi
 nodes=$1 config=$2 workdir=$3
 shift 3
+case $nodes in
+  '' | *[!0-9]* | 0) echo "$0: NODES must be a positive integer, got '$nodes'" >&2; exit 2 ;;
+esac
 repo=${NSL_REPO_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
+python=${NSL_PYTHON:-$repo/.venv/bin/python}
 gpus=${GPUS_PER_NODE:-8}
 port=${NSL_PORT:-29500}
-extra=$(printf ' %q' "$@")
+case $workdir in /*) ;; *) workdir=$PWD/$workdir ;; esac
+config_file=${config%%:*}
+if [ -e "$config_file" ] && [ "${config_file#/}" = "$config_file" ]; then
+  config=$PWD/$config  # a relative FILE[:ARG] that exists here; otherwise it names one under the repo
+fi
+# Every argument, quoted once for the batch script's bash, where it becomes an array: no
+# argument is ever re-parsed by a shell (spaces, quotes and parentheses survive as given).
+args=$(printf ' %q' "--config=$config" "--workdir=$workdir" "$@")
 script=$(cat <<SBATCH
 #!/usr/bin/env bash
 #SBATCH --job-name=nsl
@@ -31,9 +45,11 @@ ${ACCOUNT:+#SBATCH --account=$ACCOUNT}
 #SBATCH --output=$workdir/slurm-%j.out
 set -euo pipefail
 coordinator=\$(scontrol show hostnames "\$SLURM_JOB_NODELIST" | head -n 1)
-cd $repo
-srun bash -c '.venv/bin/python -m nsl.launch --config=$config --workdir=$workdir \
-  --coordinator_address='"\$coordinator"':$port --num_processes=\$SLURM_NTASKS --process_id=\$SLURM_PROCID$extra'
+args=($args)
+cd $(printf '%q' "$repo")
+# One task per node; SLURM_PROCID is each task's own, so the inner bash expands it there.
+srun --ntasks-per-node=1 bash -c 'exec "\$0" -m nsl.launch "\$@" --num_processes="\$SLURM_NTASKS" --process_id="\$SLURM_PROCID"' \\
+  $(printf '%q' "$python") "\${args[@]}" --coordinator_address="\$coordinator:$port"
 SBATCH
 )
 if [ "${NSL_DRY_RUN:-0}" = 1 ]; then
