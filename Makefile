@@ -5,13 +5,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.nsl-installed
 DEMO_DIR ?= runs/demo
 
-.PHONY: demo test install clean
+.PHONY: demo test docs install clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# [tpu] brings libtpu: the ahead-of-time TPU compile tests (nsl.compile) run on any host.
-	$(PY) -m pip install --quiet -e ".[dev,tpu]"
+	# [docs] brings MkDocs and its Material theme: `make test` builds the documentation strictly.
+	$(PY) -m pip install --quiet -e ".[dev,tpu,docs]"
 	# The CPU kernels (attention, head, decode; C++, -march=native) are built now so a compiler problem shows here;
 	# without one, both run their XLA paths (a warning, not a failure).
 	$(PY) -m nsl.kernels.cpu_build || echo "nsl: CPU kernels not built; attention, the head and decoding will run the XLA paths"
@@ -30,7 +31,13 @@ demo: $(STAMP)
 # Two workers (CI has 2 cores); a test file stays on one worker so its module fixtures run once.
 TEST_WORKERS ?= 2
 test: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir $(VENV)/site
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests
 
+# The documentation site (mkdocs.yml, docs/): served with live reload at http://127.0.0.1:8000.
+DOCS_ADDR ?= 127.0.0.1:8000
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs serve --dev-addr $(DOCS_ADDR)
+
 clean:
-	rm -rf $(VENV) runs data
+	rm -rf $(VENV) runs data site

@@ -50,3 +50,8 @@ def test_every_command_answers_help(module):
   assert result.returncode == 0, result.stderr[-2000:]
   assert "usage:" in result.stdout
   assert "shared/" not in result.stdout + result.stderr  # a clone has no ../shared/
+  with open(os.path.join(ROOT, "docs", "reference", "cli.md"), encoding="utf-8") as f:
+    section = f.read().split(f"### `{module}`", 1)[-1].split("\n### ", 1)[0]
+  options = set(re.findall(r"^\s+(?:-\w, )?(--[\w-]+)", result.stdout, re.MULTILINE)) - {"--help"}
+  undocumented = sorted(o for o in options if f"`{o}" not in section)
+  assert not undocumented, f"docs/reference/cli.md's {module} section lacks {undocumented}"
