@@ -25,8 +25,16 @@ dividing the sequence lengths. A requested block above 128 (the XLA path's defau
 is lowered to the largest power of two <= 128 dividing the length: tile sizes change speed,
 never results. fp32 inputs use full-precision dots (no TF32) unless `allow_tf32=True`.
 
+Sharding, as splash's: with a mesh (`mesh=` or the context mesh), the call runs under
+`shard_map` (`nsl.kernels.shard_over_mesh`) with the batch split over the mesh axes among
+('data', 'fsdp') that divide it and the heads over 'tensor' when it divides the head count, the
+dynamic segment / block ids split with the batch; each GPU runs the kernel on its own rows and
+heads (a Pallas call is opaque to XLA's partitioner, which would otherwise gather it whole).
+
 `interpret=None` runs the kernels compiled on GPU and in Pallas interpret mode elsewhere (CPU
-tests). Only interpret mode has been run so far; the Triton lowering is unverified on hardware.
+tests). Only interpret mode has been run so far (on CPU, also under shard_map on 8 devices); the
+Triton lowering is unverified on hardware: `tools/gpu_check.sh` is the check prepared for a GPU
+(docs/guide/accelerators.md).
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ from jax.experimental.pallas import triton as plgpu
 from nsl import sharding
 from nsl.nn import masks
 from nsl.errors import ConfigError
-from nsl.kernels import rules
+from nsl.kernels import context_mesh, rules, shard_over_mesh
 
 MAX_BLOCK = 128
 MIN_BLOCK = 16
@@ -134,7 +142,7 @@ def supports(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = 128,
 
 def attend(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = 128, block_k: int = 128,
            interpret: bool | None = None, allow_tf32: bool = False, num_warps: int | None = None,
-           num_stages: int = 2):
+           num_stages: int = 2, mesh=None):
   """Block-sparse flash attention: see the module docstring. Slots are `nsl.nn.attention.Slots`."""
   _check(q, k, v, q_slots, k_slots)
   b, sq, h, d = q.shape
@@ -146,8 +154,12 @@ def attend(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = 128, b
                _pick_block(block_k, sk, "key"), bool(interpret),
                lax.Precision.HIGHEST if fp32 and not allow_tf32 else None,
                num_warps or (4 if d <= 64 else 8), num_stages)
-  dyn_q, dyn_k = dynamic_fields(rule, q_slots, k_slots, b)
-  return _flash(plan, q, k, v, dyn_q, dyn_k)
+  dyn = dynamic_fields(rule, q_slots, k_slots, b)
+  local = lambda q, k, v, dyn: _flash(plan, q, k, v, *dyn)
+  mesh = context_mesh(mesh)
+  if mesh is None:
+    return local(q, k, v, dyn)
+  return shard_over_mesh(local, mesh, q, k, v, dyn)
 
 
 def dynamic_fields(rule: masks.Rule, q_slots, k_slots, batch: int) -> tuple[dict, dict]:

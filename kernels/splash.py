@@ -54,7 +54,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from nsl import sharding
 from nsl.nn import masks
 from nsl.errors import ConfigError
-from nsl.kernels import rules, shard_over_mesh
+from nsl.kernels import context_mesh, rules, shard_over_mesh
 
 LANES = 128
 
@@ -214,9 +214,7 @@ def attend(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = 512, b
   seg = _segment_ids(rule, q_slots, k_slots, q.shape[0])
   local = functools.partial(_local_attend, rule=rule, q_layout=q_slots.layout,
                             k_layout=k_slots.layout, block_q=bq, block_kv=bk, interpret=bool(interpret))
-  if mesh is None:
-    ctx = jax.sharding.get_abstract_mesh()
-    mesh = None if ctx.empty else ctx
+  mesh = context_mesh(mesh)
   if mesh is None:
     return local(q, k, v, seg)
   return shard_over_mesh(local, mesh, q, k, v, seg)

@@ -10,13 +10,18 @@ Implementations (DESIGN "Masks are data"; all evaluate `nsl.nn.masks.visible`):
              with the online-softmax recurrence (flash attention, Dao et al. 2022/2023); on CPU
              one exact softmax per query chunk over its concatenated key chunks (`_rows`).
 - `splash` (TPU) and `pallas_gpu` (GPU): Pallas kernels from `nsl.kernels`.
+- `cudnn` (GPU): cuDNN's fused attention through `jax.nn.dot_product_attention`, for the rules
+             it can express (`nsl.kernels.cudnn`: the plain token layout with causality, a
+             sliding window and document ids).
 - `flash_cpu` (CPU): the C++ XLA FFI kernel of `nsl.kernels.flash_cpu` (the row schedule's math,
              1.7-2.5× faster than it forward + backward; README "Benchmarks").
-`auto` picks splash on TPU, pallas_gpu on GPU when the kernel package provides them, flash_cpu on
-CPU when it builds, else chunked;
-the platform is the context mesh's (`nsl.sharding.platform`), not the host's. Under `auto`, an
-attention the kernel cannot take (lengths off its tile grid, `Rule(block='earlier')`) runs chunked;
-an explicit kernel choice raises a `ConfigError` instead.
+`auto` tries, per call, the platform's kernels in order (`AUTO_ORDER`: splash on TPU; cudnn then
+pallas_gpu on GPU; flash_cpu on CPU) and takes the first that is available and takes this call
+(`auto_choice`), else chunked; the platform is the context mesh's (`nsl.sharding.platform`), not
+the host's (docs/guide/accelerators.md). So on GPU the standard model, windows and documents
+run on cuDNN, SPS's two-kind rule and the double decoder's blocks on the Pallas kernel, and
+what neither takes (lengths off its tile grid, odd head dims) chunked. An explicit kernel choice
+raises a `ConfigError` where that kernel cannot take the call.
 
 Shapes: q [B, Sq, H, D], k and v [B, Sk, H, D]. Rows with no visible key return zeros and a
 log-sum-exp of -inf, so two attentions over disjoint key sets merge exactly with `merge_lse`.
@@ -36,7 +41,7 @@ import numpy as np
 from nsl.nn import masks
 from nsl.errors import ConfigError
 
-IMPLS = ("auto", "xla", "chunked", "splash", "pallas_gpu", "flash_cpu")
+IMPLS = ("auto", "xla", "chunked", "splash", "pallas_gpu", "cudnn", "flash_cpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,14 +72,13 @@ def attend(q, k, v, rule: masks.Rule, q_slots: Slots, k_slots: Slots, *, impl: s
   platform. Returns out [B, Sq, H, D] (q.dtype), and lse [B, H, Sq] (float32) when
   `return_lse`.
   """
-  chosen = resolve_impl(impl)
   tiles = lambda name: (chunk_q or tile_size(name), chunk_k or tile_size(name))
-  bq, bk = tiles(chosen)
-  if impl == "auto" and chosen in KERNELS and not _kernel_module(chosen).supports(
-      q, k, v, rule, q_slots, k_slots, block_q=bq, block_k=bk):
-    chosen = "chunked"  # auto means "the kernel where it applies": e.g. SED's 114-token encoder
-    bq, bk = tiles(chosen)
-  impl, chunk_q, chunk_k = chosen, bq, bk
+  if impl == "auto":
+    from nsl import sharding
+    chosen = auto_choice(sharding.platform(), q, k, v, rule, q_slots, k_slots, chunk_q, chunk_k, return_lse)
+  else:
+    chosen = resolve_impl(impl)
+  impl, (chunk_q, chunk_k) = chosen, tiles(chosen)
   if impl == "xla":
     out, lse = attend_dense(q, k, v, rule, q_slots.fields(), k_slots.fields())
   elif impl == "chunked" and q.shape[1] <= chunk_q and k.shape[1] <= chunk_k:
@@ -84,8 +88,28 @@ def attend(q, k, v, rule: masks.Rule, q_slots: Slots, k_slots: Slots, *, impl: s
     out, lse = _attend_chunked(q, k, v, rule, q_slots, k_slots, chunk_q, chunk_k)
   else:
     kernel = _kernel_module(impl)
-    out, lse = kernel.attend(q, k, v, rule, q_slots, k_slots, block_q=chunk_q, block_k=chunk_k)
+    extra = {"need_lse": return_lse} if impl == "cudnn" else {}  # its lse has no gradient
+    out, lse = kernel.attend(q, k, v, rule, q_slots, k_slots, block_q=chunk_q, block_k=chunk_k, **extra)
   return (out, lse) if return_lse else out
+
+
+# The kernels `auto` tries on each platform, in order (module docstring).
+AUTO_ORDER = {"tpu": ("splash",), "gpu": ("cudnn", "pallas_gpu"), "cpu": ("flash_cpu",)}
+
+
+def auto_choice(platform: str, q, k, v, rule: masks.Rule, q_slots: Slots, k_slots: Slots, chunk_q: int = 0,
+                chunk_k: int = 0, need_lse: bool = False) -> str:
+  """The implementation `auto` runs for this call on `platform`: the first kernel of
+  `AUTO_ORDER[platform]` that is available here and takes the call, else 'chunked' (e.g. SED's
+  114-token encoder, off every kernel's tile grid)."""
+  for name in AUTO_ORDER.get(platform, ()):
+    if not _kernel_available(name):
+      continue
+    extra = {"need_lse": need_lse} if name == "cudnn" else {}
+    if _kernel_module(name).supports(q, k, v, rule, q_slots, k_slots, block_q=chunk_q or tile_size(name),
+                                     block_k=chunk_k or tile_size(name), **extra):
+      return name
+  return "chunked"
 
 
 # Tiles of the chunked path on CPU, which runs the row schedule (`_rows`): 128-tiles skip more of
@@ -114,13 +138,15 @@ def resolve_impl(impl: str) -> str:
   if impl != "auto":
     return impl
   from nsl import sharding  # the mesh's platform, not the host's: AOT compiles pick the pod's kernel
+  # The platform's kernel that takes every rule (on GPU `auto` also uses cuDNN per call where the
+  # rule allows it: `auto_choice`).
   preferred = {"tpu": "splash", "gpu": "pallas_gpu", "cpu": "flash_cpu"}.get(sharding.platform())
   if preferred is not None and _kernel_available(preferred):
     return preferred
   return "chunked"
 
 
-KERNELS = ("splash", "pallas_gpu", "flash_cpu")
+KERNELS = ("splash", "pallas_gpu", "cudnn", "flash_cpu")
 
 
 def _kernel_module(impl: str):
@@ -129,6 +155,8 @@ def _kernel_module(impl: str):
       from nsl.kernels import splash as mod
     elif impl == "flash_cpu":
       from nsl.kernels import flash_cpu as mod
+    elif impl == "cudnn":
+      from nsl.kernels import cudnn as mod
     else:
       from nsl.kernels import flash_gpu as mod
   except ImportError as e:

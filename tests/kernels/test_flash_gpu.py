@@ -111,3 +111,87 @@ def test_unsupported_shapes_raise_config_error(shape_change, message):
   x = jnp.zeros((1, slots, 2, d), jnp.float32)
   with pytest.raises(ConfigError, match=message):
     flash_gpu.attend(x, x, x, masks.Rule(), attention.Slots(lay), attention.Slots(lay), interpret=True)
+
+
+# ----------------------------------------------------------------------------- under shard_map
+
+def _mesh_8():
+  """8 fake CPU devices (tests/conftest.py) as data 1 x fsdp 2 x tensor 4: the batch of 2 rows
+  and the 4 heads are both split."""
+  devices = np.asarray(jax.devices()[:8]).reshape(1, 2, 4)
+  return jax.sharding.Mesh(devices, ("data", "fsdp", "tensor"))
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.slow) if n in kc.EXTRA else n for n in CASES])
+def test_sharded_over_batch_and_heads_matches_dense(name):
+  """On 8 devices the kernel runs under shard_map (rows over fsdp, heads over tensor, the
+  segment / block ids split with the rows) and equals the dense reference, gradients included."""
+  case = CASES[name]
+  mesh = _mesh_8()
+  fn = lambda q, k, v: flash_gpu.attend(q, k, v, case.rule, case.q_slots, case.k_slots, block_q=16,
+                                        block_k=16, interpret=INTERPRET, mesh=mesh)
+  q, k, v = kc.qkv(case, 4, 16)
+  assert "shard_map" in str(jax.make_jaxpr(fn)(q, k, v))
+  kc.check_against_dense(case, fn, heads=4)
+
+
+def test_context_mesh_is_used_without_mesh_argument():
+  case = CASES["sps_interleaved"]
+  q, k, v = kc.qkv(case, 4, 16)
+  fn = lambda q, k, v: flash_gpu.attend(q, k, v, case.rule, case.q_slots, case.k_slots, block_q=16,
+                                        block_k=16, interpret=INTERPRET)
+  from nsl import sharding
+  with sharding.use_mesh(_mesh_8()):
+    jaxpr = str(jax.make_jaxpr(fn)(q, k, v))
+  assert "shard_map" in jaxpr
+  assert "shard_map" not in str(jax.make_jaxpr(fn)(q, k, v))
+
+
+# ----------------------------------------------------------------------------- auto on a GPU mesh
+
+@pytest.fixture
+def gpu_kernels_available(monkeypatch):
+  """The choice as a GPU host would make it: every kernel available (no GPU needed: the choice
+  reads only the rule, the layouts, shapes and dtypes)."""
+  monkeypatch.setattr(attention, "_kernel_available", lambda name: True)
+
+
+@pytest.mark.parametrize("name, dtype, head_dim, need_lse, expected", [
+    ("causal", jnp.bfloat16, 16, False, "cudnn"),            # the standard model, with documents
+    ("sliding_window", jnp.bfloat16, 16, False, "cudnn"),    # a window
+    ("sliding_window_0", jnp.float16, 16, False, "cudnn"),
+    ("sps_interleaved", jnp.bfloat16, 16, False, "pallas_gpu"),   # two kinds: cuDNN cannot say it
+    ("sps_stream_major", jnp.bfloat16, 16, False, "pallas_gpu"),
+    ("delayed", jnp.bfloat16, 16, False, "pallas_gpu"),
+    ("dd_self", jnp.bfloat16, 16, True, "pallas_gpu"),       # block ids, and merge_lse needs the lse
+    ("dd_cross", jnp.bfloat16, 16, True, "pallas_gpu"),
+    ("causal", jnp.bfloat16, 16, True, "pallas_gpu"),        # lse differentiated: not cuDNN
+    ("causal", jnp.float32, 16, False, "pallas_gpu"),        # cuDNN flash takes 16-bit floats only
+    ("causal", jnp.bfloat16, 24, False, "cudnn"),            # 24: cuDNN yes (multiple of 8)...
+    ("sps_interleaved", jnp.bfloat16, 24, False, "chunked"),  # ...Triton no (power of two): chunked
+    ("causal", jnp.bfloat16, 12, False, "chunked"),          # neither
+])
+def test_auto_on_gpu_picks_cudnn_then_the_kernel_then_chunked(gpu_kernels_available, name, dtype, head_dim,
+                                                              need_lse, expected):
+  case = CASES[name]
+  q, k, v = kc.qkv(case, 2, head_dim, dtype=dtype)
+  got = attention.auto_choice("gpu", q, k, v, case.rule, case.q_slots, case.k_slots, need_lse=need_lse)
+  assert got == expected
+
+
+def test_auto_follows_the_platform_and_what_is_available(gpu_kernels_available, monkeypatch):
+  case = CASES["causal"]
+  q, k, v = kc.qkv(case, 2, 16, dtype=jnp.bfloat16)
+  args = (q, k, v, case.rule, case.q_slots, case.k_slots)
+  assert attention.auto_choice("tpu", *args, chunk_q=128, chunk_k=128) == "chunked"  # 64 slots: off splash's grid
+  assert attention.auto_choice("cpu", *kc.qkv(case, 2, 16), *args[3:]) == "flash_cpu"  # float32
+  monkeypatch.setattr(attention, "_kernel_available", lambda name: name != "cudnn")  # e.g. no cuDNN
+  assert attention.auto_choice("gpu", *args) == "pallas_gpu"
+  # The platform is the mesh's: under an abstract mesh of GPUs, `attend` asks for the GPU choice.
+  seen = []
+  monkeypatch.setattr(attention, "auto_choice", lambda platform, *a, **kw: seen.append(platform) or "xla")
+  from nsl import sharding
+  monkeypatch.setattr(sharding, "platform", lambda: "gpu")
+  attention.attend(q, k, v, case.rule, case.q_slots, case.k_slots)
+  assert seen == ["gpu"]
