@@ -1,4 +1,4 @@
-# The two commands of the README. Each creates .venv when missing and installs nsl into it.
+# The commands of the README (demo, test, docs). Each creates .venv when missing and installs nsl into it.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -31,13 +31,13 @@ demo: $(STAMP)
 # Two workers (CI has 2 cores); a test file stays on one worker so its module fixtures run once.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict --quiet --site-dir $(VENV)/site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(VENV)/site
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests
 
 # The documentation site (mkdocs.yml, docs/): served with live reload at http://127.0.0.1:8000.
 DOCS_ADDR ?= 127.0.0.1:8000
 docs: $(STAMP)
-	$(VENV)/bin/mkdocs serve --dev-addr $(DOCS_ADDR)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr $(DOCS_ADDR)
 
 clean:
 	rm -rf $(VENV) runs data site
