@@ -172,7 +172,9 @@ def fit_source(ps: PointSet, *, baseline: str | None = None, n_boot: int = 200, 
 
 # -- the printed table ---------------------------------------------------------------------------
 def _g(v, fmt=".3g") -> str:
-  return "-" if v is None else f"{v:{fmt}}"
+  if v is None:
+    return "-"
+  return f"{0.0 if abs(v) < 1e-12 else v:{fmt}}"  # a least-squares 0 prints as 0, not -2.9e-16
 
 
 def _with_ci(res: dict, key: str, fmt=".3g") -> str:

@@ -2,6 +2,7 @@
 identifiability verdicts, and approach 3 on Chinchilla's published points (Besiroglu et al. 2024)."""
 
 import csv
+import json
 import warnings
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from nsl.scaling import approaches as ap
+from nsl.scaling import fit
 from nsl.scaling.law import Law
 
 EPOCH = Law(E=1.8172, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658)  # Besiroglu et al. 2024, Table 1
@@ -145,15 +147,21 @@ def chinchilla_points():
 
 
 @pytest.mark.slow
-def test_approach3_reproduces_epochs_chinchilla_refit():
+def test_approach3_reproduces_epochs_chinchilla_refit(tmp_path):
   """Besiroglu et al. (2024) fit Hoffmann et al.'s procedure to these points without the 5 highest
   losses (240 left) and publish E = 1.8172, A = 482.01, B = 2085.43, α = 0.3478, β = 0.3658.
   E, α, β are tightly determined (their bootstrap s.e. ≈ 0.02-0.03, ~1-5%): we ask 1%. A and B
-  trade off against α and β along a ridge (s.e. 26% and 62% in their table): we ask 5%."""
-  N, D, L, _ = chinchilla_points()
-  keep = L < np.sort(L)[-5]
-  assert keep.sum() == 240
-  res = ap.approach3(N[keep], D[keep], L[keep], n_boot=0)
+  trade off against α and β along a ridge (s.e. 26% and 62% in their table): we ask 5%. Run as a
+  user would: the points as a table, the five dropped by an --exclude rule."""
+  N, D, L, C = chinchilla_points()
+  table = tmp_path / "chinchilla.csv"
+  table.write_text("N,D,loss,C\n" + "".join(f"{n:.17g},{d:.17g},{l:.17g},{c:.17g}\n" for n, d, l, c in zip(N, D, L, C)))
+  assert fit.main([str(table), "--bootstrap=0", "--exclude=loss>3.44"]) == 0
+  report = json.loads((tmp_path / "chinchilla.csv.fits.json").read_text())
+  assert report["input"]["excluded"] == {"loss>3.44": 5} and report["input"]["n_points"] == 240
+  assert report["method"]["compute"] == "stored training FLOPs (column C)"
+  res = report["families"]["all"]["approach3"]
   assert res["converged"]
   for key, rel in (("E", 0.01), ("alpha", 0.01), ("beta", 0.01), ("A", 0.05), ("B", 0.05)):
     assert res[key] == pytest.approx(getattr(EPOCH, key), rel=rel), key
+  assert res["flops_per_token_model"] == pytest.approx([6.0, 1.0])  # C = 6ND in this data
