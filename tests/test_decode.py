@@ -136,6 +136,7 @@ def test_single_stream_families_share_the_standard_trunk():
     c = config_lib.load_config(os.path.join(root, "configs", spec))
     c.model.update({k: std.config.model.get(k) for k in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff",
                                                          "mup_base_width", "window")})
+    c.model.update(tie_embeddings=True, scaled_out_init=True)  # the standard trunk's (NextLat's configs untie)
     fam = registry.get_family(c)
     assert isinstance(fam.model, transformer.LM)
     shapes = nn.unbox(jax.eval_shape(fam.init, jax.random.PRNGKey(0)))
