@@ -26,7 +26,11 @@ DEFAULT_RULES = (
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.family = "standard"
-  c.seed = 0
+  c.seed = 0  # data order, per-step randomness, and the parameters unless init_seed is set
+  # The parameters' initialisation only (PRNGKey(init_seed)); None = the same as `seed`, so runs
+  # that never set it keep their bits. Vary it with the data order held fixed to see the spread
+  # that initialisation alone causes (docs/xcheck/sps.md).
+  c.init_seed = ml_collections.config_dict.placeholder(int)
 
   c.model = ml_collections.ConfigDict()
   c.model.variant = "standard"

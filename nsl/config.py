@@ -235,6 +235,13 @@ def parse_value(raw: str, current: Any, key: str) -> Any:
     raise ConfigError(f"config.{key}: {raw!r} is not a valid {kind}") from e
 
 
+def init_seed(config) -> int:
+  """The seed of the parameters' initialisation: `config.init_seed`, or `config.seed` when it is None
+  or absent (configs and checkpoints from before the field), so such runs keep their bits."""
+  init = config.get("init_seed")
+  return config.seed if init is None else init
+
+
 def to_dict(config: ml_collections.ConfigDict) -> dict:
   return json.loads(config.to_json_best_effort())
 
@@ -335,6 +342,10 @@ def _check_numeric_ranges(config) -> None:
     raise ConfigError(f"config.train.clip_norm={clip!r} must be a positive number, or None for no clipping "
                       "(0 would zero every update)")
   _integer(config, "seed", 0)
+  init = config.get("init_seed")
+  if init is not None and (not isinstance(init, int) or isinstance(init, bool) or init < 0):
+    raise ConfigError(f"config.init_seed={init!r} must be a non-negative integer, or None for the same as "
+                      "config.seed, e.g. --config.init_seed=3")
   _integer(config, "train.max_nonfinite", 1)
   _integer(config, "model.attention_chunk", 0)
   _integer(config, "checkpoint.every", 1)

@@ -164,6 +164,9 @@ def human(x: float) -> str:
 
 
 def config_hash(config_dict: dict) -> str:
+  # An unset init_seed (the same as seed) is left out, so cells from before the field keep their ids.
+  if config_dict.get("init_seed", 0) is None:
+    config_dict = {k: v for k, v in config_dict.items() if k != "init_seed"}
   blob = json.dumps(config_dict, sort_keys=True, separators=(",", ":"))
   return hashlib.sha256(blob.encode()).hexdigest()[:10]
 

@@ -141,7 +141,7 @@ class Trainer:
       self._log(f"resumed from {self.checkpointer.directory}/{latest}")
       return state
     with self.program.mesh_context():
-      state = self._init(jax.random.PRNGKey(self.config.seed))
+      state = self._init(jax.random.PRNGKey(nsl_config.init_seed(self.config)))
     if self.restore_from:
       params, step = checkpoint.restore_params(self.restore_from, self.abstract_state)
       state = state.replace(params=params)
@@ -286,7 +286,8 @@ class Trainer:
     evals = {"val" + self.eval_suffix: eval_loss} if eval_loss is not None else {}
     return {
         "status": status, "family": self.config.family, "variant": self.config.model.variant,
-        "seed": self.config.seed, "steps": step, "tokens": tokens, **self.counts,
+        "seed": self.config.seed, "init_seed": nsl_config.init_seed(self.config),
+        "steps": step, "tokens": tokens, **self.counts,
         "flops_per_token": self.flops_per_token, "flops": self.flops_per_token * tokens,
         "flops_convention": FLOPS_CONVENTION, "final_loss": last_loss,
         "eval": evals, **bytes_per_token.record_fields(self.config.data.path, evals),
