@@ -4,14 +4,23 @@ Compiles, ahead of time and on any host, the exact train step `nsl.launch` would
 `nsl.train.program.Program`, not a copy) for the devices of a Cloud TPU slice, with libtpu's
 real XLA:TPU and Mosaic compilers, and prints one JSON line: the slice, the mesh, the attention
 implementation and dtype the platform chose, the Mosaic kernel count, compile seconds, per-chip
-HBM (arguments, temporaries, outputs, aliased, peak estimate) against the chip's capacity, and
-XLA-counted FLOPs per step against nsl's analytic count. A step that does not fit in HBM prints
-its JSON line, then one error line naming the bytes and what would help, and exits 2.
+HBM (arguments, temporaries, outputs, aliased, peak estimate) against the chip's capacity,
+XLA-counted FLOPs per step against nsl's analytic count, and a roofline bound. A step that does
+not fit in HBM prints its JSON line, then one error line naming the bytes and what would help,
+and exits 2.
 
-XLA's cost analysis does not see inside Mosaic custom calls: with splash attention the XLA FLOPs
-leave the attention kernels out (`xla_flops_exclude` says so), and a scanned layer stack
-(`model.scan_layers`) is counted by XLA as one layer body per loop: compare FLOPs on an
-unrolled stack (`--config.model.scan_layers=false`) with `--config.model.attention_impl=xla`.
+FLOPs: XLA's cost analysis counts a while loop's body once, so a scanned layer stack
+(`model.scan_layers`, the paper recipe's default) would count one layer of L. `loop_cost` costs
+every loop body with XLA's own cost model and multiplies it by the loop's known trip count
+(nested loops too), so `xla_flops_per_step` is the step's work whichever way the layers are
+built. XLA cannot see inside Mosaic custom calls: with splash the attention kernels' FLOPs are
+left out (`xla_flops_exclude` says so).
+
+Roofline (docs/guide/accelerators.md): the chip's published peak bf16 FLOP/s and HBM bandwidth
+(`nsl.topology.CHIPS`) bound the step from below, `roofline_step_seconds = max(compute, memory)`
+with compute = max(XLA's FLOPs, the analytic FLOPs) / chips / peak (both are work the step must
+do) and memory = XLA's bytes accessed per chip / bandwidth; `roofline_mfu` = analytic FLOPs /
+(chips × peak × that time) is the model-FLOPs utilisation no run of this compiled step can beat.
 """
 
 from __future__ import annotations
@@ -61,6 +70,171 @@ def xla_flops(compiled) -> float | None:
     cost = cost[0] if cost else {}
   flops = (cost or {}).get("flops")
   return float(flops) if flops is not None and flops >= 0 else None
+
+
+# The optimized HLO text: a computation starts with `[ENTRY ]%name (params) -> result {` and ends
+# with a line `}`; a while names its condition and body and, where XLA:CPU/GPU proved it, its
+# trip count (XLA:TPU's optimized text drops that annotation: `_trip_count` reads the loop).
+_COMPUTATION = re.compile(r"^(ENTRY )?%?([\w.\-]+) \(.*\{\s*$")
+_WHILE = re.compile(r"\swhile\(%([\w.\-]+)\), condition=%?([\w.\-]+), body=%?([\w.\-]+)")
+_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_METADATA = re.compile(r',\s*metadata=\{(?:[^{}"]|"(?:[^"\\]|\\.)*")*\}')
+_DEF = re.compile(r"^\s*(ROOT )?%([\w.\-]+) = (.*)$")
+COST_KEYS = ("flops", "bytes accessed")
+
+
+def _defs(lines: list[str]) -> tuple[dict[str, str], str | None]:
+  """A computation's instructions, name -> right-hand side, and its ROOT's name."""
+  out, root = {}, None
+  for line in lines[1:]:
+    m = _DEF.match(line)
+    if m:
+      out[m.group(2)] = m.group(3)
+      root = m.group(2) if m.group(1) else root
+  return out, root
+
+
+def _int_constant(defs: dict[str, str], name: str, depth: int = 6) -> int | None:
+  """The value of an s32/s64 scalar `name` that is a constant, through copies and converts."""
+  rhs = defs.get(name, "")
+  m = re.match(r"[su](?:32|64)\[\]\S* constant\((-?\d+)\)", rhs)
+  if m:
+    return int(m.group(1))
+  m = re.match(r"\S+ (?:copy|bitcast|convert)\(%([\w.\-]+)\)", rhs)
+  return _int_constant(defs, m.group(1), depth - 1) if m and depth else None
+
+
+def _trip_count(while_line: str, caller: dict[str, str], cond: list[str]) -> int | None:
+  """Trips of a counted loop `i = init; while (i < bound)` (the form jax.lax.scan lowers to):
+  the annotation when present, else bound − init read from the condition's ROOT compare and
+  the loop's initial tuple; None when the loop has another form."""
+  known = _TRIPS.search(while_line)
+  if known:
+    return int(known.group(1))
+  defs, root = _defs(cond)
+  m = re.match(r"pred\[\]\S* compare\(%([\w.\-]+), %([\w.\-]+)\), direction=(LT|GT)", defs.get(root, ""))
+  if not m:
+    return None
+  counter, bound = (m.group(1), m.group(2)) if m.group(3) == "LT" else (m.group(2), m.group(1))
+  index = re.match(r"\S+ get-tuple-element\(%[\w.\-]+\), index=(\d+)", defs.get(counter, ""))
+  limit = _int_constant(defs, bound)
+  init_tuple = re.search(r"\btuple\(([^)]*)\)", caller.get(_WHILE.search(while_line).group(1), ""))
+  if index is None or limit is None or init_tuple is None:
+    return None
+  operands = re.findall(r"%([\w.\-]+)", re.sub(r"/\*index=\d+\*/", "", init_tuple.group(1)))
+  k = int(index.group(1))
+  init = _int_constant(caller, operands[k]) if k < len(operands) else None
+  return None if init is None else max(0, limit - init)
+
+
+class LoopCost:
+  """XLA's cost analysis of an optimized HLO module with every while body counted per trip.
+
+  XLA's `HloCostAnalysis` visits a while body once. Here each body is re-entered as the ENTRY of
+  a copy of the module and costed by XLA's cost model (a host client's: a compile-only TPU
+  client has none), then
+  full(c) = cost(c) + Σ_{while w in c} (trips_w · full(body_w) − cost(body_w)),
+  recursively (a scan inside a scanned layer is counted trips × trips). A loop whose trip count
+  cannot be read is counted once and counted in `unknown_trip_loops`.
+  """
+
+  def __init__(self, hlo_text: str, client):
+    self.client = client
+    self.computations: dict[str, list[str]] = {}
+    self.entry = None
+    current = None
+    for line in _METADATA.sub("", hlo_text).splitlines():
+      m = _COMPUTATION.match(line) if current is None else None
+      if m:
+        current = m.group(2)
+        self.computations[current] = [line]
+        self.entry = current if m.group(1) else self.entry
+      elif current is not None:
+        self.computations[current].append(line)
+        if line.rstrip() == "}":  # not "}}, backend_config=...": strings in attributes span lines
+          current = None
+    self._once: dict[str, dict[str, float]] = {}
+    self._full: dict[str, dict[str, float]] = {}
+    self.loops: list[int] = []  # trip counts of the loops found, outermost first
+    self.unknown_trip_loops = 0
+
+  def once(self, name: str) -> dict[str, float]:
+    """XLA's cost of computation `name` as an entry (its loops' bodies counted once)."""
+    if name not in self._once:
+      from jax._src.lib import xla_client
+      import jaxlib._hlo as hlo  # the HLO parser jaxlib ships (no public path)
+
+      lines = ["HloModule loop_cost"]
+      for comp, body in self.computations.items():
+        head = body[0][len("ENTRY "):] if body[0].startswith("ENTRY ") else body[0]
+        lines += (["ENTRY " + head] if comp == name else [head]) + body[1:] + [""]
+      module = hlo.hlo_module_from_text("\n".join(lines))
+      cost = xla_client._xla.hlo_module_cost_analysis(self.client, module)
+      self._once[name] = {k: float(cost.get(k, 0.0)) for k in COST_KEYS}
+    return self._once[name]
+
+  def full(self, name: str | None = None) -> dict[str, float]:
+    name = name or self.entry
+    if name not in self._full:
+      total = dict(self.once(name))
+      defs, _ = _defs(self.computations[name])
+      for line in self.computations[name]:
+        w = _WHILE.search(line)
+        if not w:
+          continue
+        n = _trip_count(line, defs, self.computations.get(w.group(2), []))
+        if n is None:
+          self.unknown_trip_loops += 1
+          continue
+        self.loops.append(n)
+        inner, once = self.full(w.group(3)), self.once(w.group(3))
+        for k in COST_KEYS:
+          total[k] += n * inner[k] - once[k]
+      self._full[name] = total
+    return self._full[name]
+
+
+def loop_cost(compiled, clients) -> LoopCost | None:
+  """`LoopCost` of a compiled executable with the first of `clients` that can cost HLO, or None
+  where none can (then the caller keeps XLA's once-per-loop count and says so)."""
+  from nsl import topology
+
+  text = compiled.as_text()
+  for client in clients:
+    try:
+      with topology._quiet_stderr():  # the parser warns about stack frames the text does not carry
+        cost = LoopCost(text, client)
+        cost.full()
+      return cost
+    except Exception:  # this client cannot cost HLO (a compile-only one), or the text did not parse
+      continue
+  return None
+
+
+def cost_clients(devices) -> list:
+  """The devices' client, then the host CPU's (its cost model is the same HloCostAnalysis)."""
+  import jax
+
+  clients = [devices[0].client]
+  try:
+    clients.append(jax.devices("cpu")[0].client)
+  except RuntimeError:  # JAX_PLATFORMS without cpu
+    pass
+  return clients
+
+
+def roofline(chip, chips: int, xla_flops_step: float | None, analytic_flops_step: float,
+             bytes_per_chip: float | None) -> dict[str, Any]:
+  """The step time and MFU the compiled step cannot beat on `chips` chips (module docstring)."""
+  work = max(xla_flops_step or 0.0, analytic_flops_step) / chips
+  compute_s = work / chip.peak_bf16_flops
+  memory_s = (bytes_per_chip or 0.0) / chip.hbm_bandwidth
+  step_s = max(compute_s, memory_s)
+  return {"chip": chip.name, "peak_flops_per_chip": chip.peak_bf16_flops,
+          "hbm_bandwidth_per_chip": chip.hbm_bandwidth,
+          "roofline_compute_seconds": round(compute_s, 6), "roofline_memory_seconds": round(memory_s, 6),
+          "roofline_step_seconds": round(step_s, 6), "roofline_bound": "compute" if compute_s >= memory_s else "memory",
+          "roofline_mfu": round(analytic_flops_step / (chips * chip.peak_bf16_flops * step_s), 4) if step_s else None}
 
 
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -147,7 +321,9 @@ def report(config, program, sl) -> tuple[dict[str, Any], Any]:
                   oom_available_bytes=have, oom_what=what, error=text[:300])
     return record, None
   mem = memory_report(compiled)
-  flops = xla_flops(compiled)
+  once = xla_flops(compiled)
+  loops = loop_cost(compiled, cost_clients(sl.devices))
+  flops = loops.full()["flops"] if loops else once
   analytic = program.flops_per_token * program.tokens_per_step
   kernels = count_mosaic(compiled)
   record.update(
@@ -156,11 +332,18 @@ def report(config, program, sl) -> tuple[dict[str, Any], Any]:
       fits=mem["peak_bytes"] <= sl.generation.hbm_bytes,
       xla_flops_per_step=None if flops is None else flops * sl.chips, analytic_flops_per_step=analytic,
       flops_ratio=None if flops is None else round(flops * sl.chips / analytic, 4),
+      xla_flops_loops_once_per_step=None if once is None else once * sl.chips,
+      loop_trip_counts=loops.loops if loops else None,
+      **roofline(sl.generation.chip, sl.chips, None if flops is None else flops * sl.chips, analytic,
+                 loops.full()["bytes accessed"] if loops else None),
   )
-  if kernels:
-    record["xla_flops_exclude"] = "Mosaic kernels (attention)"
-  if record["scan_layers"]:
-    record["xla_flops_exclude"] = ", ".join(filter(None, [record.get("xla_flops_exclude"), "all but one scanned layer"]))
+  excluded = ["Mosaic kernels (attention)"] if kernels else []
+  if loops is None and record["scan_layers"]:
+    excluded.append("all but one trip of each loop (its HLO could not be re-costed)")
+  elif loops is not None and loops.unknown_trip_loops:
+    excluded.append(f"all but one trip of {loops.unknown_trip_loops} loop(s) of unknown trip count")
+  if excluded:
+    record["xla_flops_exclude"] = ", ".join(excluded)
   return record, compiled
 
 

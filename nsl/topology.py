@@ -5,6 +5,11 @@ so v5p-64 is 32 chips), `v5e-256` or `v5litepod-256`, `v6e-64` (v5e and v6e name
 and the explicit form `v5e:4x4` / `v5p:2x4x4`. The result holds the slice's devices (hosts
 included: 4 chips per host, 8 on single-host v5e/v6e-8), the chip's HBM and its bf16 peak, which
 is what `nsl.compile` needs to compile the launcher's step for that slice with libtpu.
+
+`CHIPS` holds each accelerator's peak dense bf16 FLOP/s, HBM bandwidth and capacity as its
+vendor publishes them (TPUs: the Cloud TPU system-architecture pages; GPUs: NVIDIA's H100 and
+H200 datasheets, SXM parts, dense, i.e. without 2:4 sparsity): `nsl.compile`'s roofline bound and
+the benchmarks' MFU divide by them (docs/guide/accelerators.md).
 """
 
 from __future__ import annotations
@@ -18,6 +23,38 @@ import tempfile
 from nsl.errors import ConfigError
 
 GIB = 1 << 30
+GB = 10**9
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """One accelerator chip's published figures (per chip; a TPU v4/v5p chip is two TensorCores)."""
+
+  name: str
+  peak_bf16_flops: float  # dense matrix-unit peak, FLOP/s
+  hbm_bandwidth: float  # bytes/s
+  hbm_bytes: int
+  source: str
+  device_kinds: tuple[str, ...] = ()  # substrings of jax's `device_kind` naming this chip
+
+
+CHIPS = {
+    "v4": Chip("v4", 275e12, 1200 * GB, 32 * GIB, "cloud.google.com/tpu/docs/v4", ("TPU v4",)),
+    "v5e": Chip("v5e", 197e12, 819 * GB, 16 * GIB, "cloud.google.com/tpu/docs/v5e", ("TPU v5 lite", "TPU v5e")),
+    "v5p": Chip("v5p", 459e12, 2765 * GB, 95 * GIB, "cloud.google.com/tpu/docs/v5p", ("TPU v5p", "TPU v5")),
+    "v6e": Chip("v6e", 918e12, 1640 * GB, 32 * GIB, "cloud.google.com/tpu/docs/v6e", ("TPU v6 lite", "TPU v6e")),
+    "H100": Chip("H100", 989.4e12, 3350 * GB, 80 * GB, "NVIDIA H100 Tensor Core GPU datasheet (SXM5)", ("H100",)),
+    "H200": Chip("H200", 989.4e12, 4800 * GB, 141 * GB, "NVIDIA H200 Tensor Core GPU datasheet (SXM)", ("H200",)),
+}
+
+
+def chip_for_device(device_kind: str) -> Chip | None:
+  """The `CHIPS` entry a jax `device_kind` names ("NVIDIA H100 80GB HBM3", "TPU v5 lite"), or None.
+  The longest matching name wins, so "TPU v5 lite" is a v5e and "TPU v5" a v5p."""
+  kind = device_kind.lower()
+  best = max(((len(k), c) for c in CHIPS.values() for k in c.device_kinds if k.lower() in kind),
+             default=None, key=lambda t: t[0])
+  return None if best is None else best[1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,16 +62,23 @@ class Generation:
   name: str
   dims: int  # torus dimensions: 3 (v4, v5p) or 2 (v5e, v6e)
   cores_per_name_unit: int  # TensorCores per chip counted by the slice name (2) or chips (1)
-  hbm_bytes: int  # per chip (Cloud TPU system architecture pages)
   chip_config: str
   aliases: tuple[str, ...] = ()
 
+  @property
+  def chip(self) -> Chip:
+    return CHIPS[self.name]
+
+  @property
+  def hbm_bytes(self) -> int:  # per chip (Cloud TPU system architecture pages)
+    return self.chip.hbm_bytes
+
 
 GENERATIONS = {
-    "v4": Generation("v4", 3, 2, 32 * GIB, "megacore"),
-    "v5p": Generation("v5p", 3, 2, 95 * GIB, "default"),
-    "v5e": Generation("v5e", 2, 1, 16 * GIB, "default", aliases=("v5litepod",)),
-    "v6e": Generation("v6e", 2, 1, 32 * GIB, "default"),
+    "v4": Generation("v4", 3, 2, "megacore"),
+    "v5p": Generation("v5p", 3, 2, "default"),
+    "v5e": Generation("v5e", 2, 1, "default", aliases=("v5litepod",)),
+    "v6e": Generation("v6e", 2, 1, "default"),
 }
 
 # Chips -> physical shape of the slices Cloud TPU offers (2D for v5e/v6e, 3D tori for v4/v5p).

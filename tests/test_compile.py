@@ -183,3 +183,33 @@ def test_scanned_norm_gains_are_not_weight_decayed():
     trunk = mask["trunk"]["layers"] if scan else mask["trunk"]["block_0"]
     assert trunk["attn_norm"]["scale"] is False and trunk["attn"]["wq"] is True
     assert mask["trunk"]["final_norm"]["scale"] is False
+
+
+def test_loop_cost_counts_each_trip_of_nested_loops_on_the_host():
+  """XLA:CPU keeps the trip-count annotation (XLA:TPU's text does not: the scanned-layer test
+  above reads the loop condition instead); a scan of 3 inside a scan of 8 is 24 matmuls."""
+  import jax
+  import jax.numpy as jnp
+
+  def f(x, w):
+    def layer(c, w_i):
+      return jax.lax.scan(lambda cc, _: (jnp.tanh(cc @ w_i), None), c, None, length=3)[0], None
+    return jax.lax.scan(layer, x, w)[0].sum()
+
+  compiled = jax.jit(f).lower(jnp.ones((64, 128)), jnp.ones((8, 128, 128))).compile()
+  cost = nsl_compile.loop_cost(compiled, nsl_compile.cost_clients(jax.devices()))
+  matmuls = 24 * 2 * 64 * 128 * 128
+  assert sorted(cost.loops) == [3, 8] and cost.unknown_trip_loops == 0
+  assert matmuls <= cost.full()["flops"] < 1.1 * matmuls
+  assert nsl_compile.xla_flops(compiled) < matmuls / 8  # XLA's own count: one trip of each loop
+
+
+def test_roofline_is_the_slower_of_compute_and_memory():
+  chip = topology.CHIPS["v5p"]
+  r = nsl_compile.roofline(chip, chips=4, xla_flops_step=2 * 459e12, analytic_flops_step=459e12,
+                           bytes_per_chip=2765e9 * 0.25)
+  assert r["roofline_compute_seconds"] == 0.5 and r["roofline_memory_seconds"] == 0.25
+  assert r["roofline_bound"] == "compute" and r["roofline_step_seconds"] == 0.5
+  assert r["roofline_mfu"] == 0.5  # recomputation doubles the work the model FLOPs count
+  assert topology.chip_for_device("NVIDIA H100 80GB HBM3").name == "H100"
+  assert topology.chip_for_device("TPU v5 lite").name == "v5e" and topology.chip_for_device("cpu") is None
