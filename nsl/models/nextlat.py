@@ -17,7 +17,7 @@ is (`nextlat.latent`):
 - `residual`: the final residual stream before that norm. L_next-h and the rollout then live in
   the residual space, and every head read of a latent (L_KL's logits, self-speculative drafts)
   applies the trunk's final RMSNorm first (`read`; its scale frozen in L_KL, like the head).
-  Kept for the measurement in configs/nextlat.py: nsl's earlier model (tied head, L_KL on the
+  Kept for a measurement (docs/xcheck/nextlat.md): nsl's earlier model (tied head, L_KL on the
   dynamics only) collapsed on CPU path-star with the final-normed h and not with this one.
 Loss:
 
@@ -29,8 +29,8 @@ Loss:
 x_{t+1..t+i}. As in the authors' code, the only stop-gradients are the targets (h_{t+i} in
 L_next-h, the teacher logits in L_KL) and the head's weights H in L_KL's student logits: both
 latent losses reach ψ, the trunk (through h_t) and the input embedding fed to p_ψ (unless
-`nextlat.emb_grad` is off: nsl's earlier reading, measured when the embedding was also the
-head). SmoothL1 is Huber with β = 1 averaged over the hidden dimension. Masks: a rollout pair
+`nextlat.emb_grad` is off: an ablation switch, nsl's earlier reading, chosen when the
+embedding was also the head). SmoothL1 is Huber with β = 1 averaged over the hidden dimension. Masks: a rollout pair
 (t, i) counts iff t + i < T and positions t..t+i are in one document; L_KL additionally drops
 pairs whose position t+i is a prompt position (its target is not trained by CE); L_next-h keeps
 prompt positions. Each i is averaged over its valid pairs, then the d terms are averaged. (The
