@@ -1,14 +1,17 @@
 """Block-based double decoder (REFERENCES §2): a context decoder and a generation decoder.
 
-- **Context decoder**: the shared causal trunk (`layers.Stack`: pre-RMSNorm, attention, SwiGLU,
-  final norm) over the packed row; its final output is the context latents `c`.
+- **Context decoder**: the shared causal trunk (`layers.Stack`: pre-RMSNorm, attention, MLP,
+  final norm) over the packed row; its final output is the context latents `c`. In the paper's
+  configs (configs/dd.py) the trunk is the authors' (docs/xcheck/dd.md): GELU MLP of 4d, a final
+  LayerNorm, xavier-uniform init with gain sqrt(2), no document masking.
 - **Generation decoder**: embeds the same raw tokens (tied embedding, no shift, no corruption);
-  each layer is pre-RMSNorm -> `ComboAttention` -> GELU MLP (hidden 4d); a final RMSNorm and the
-  tied head give next-token logits at every position (the full next-token loss).
+  each layer is pre-RMSNorm -> `ComboAttention` -> GELU MLP (hidden 4d); a final norm (the
+  trunk's kind: `layers.final_norm`) and the tied head give next-token logits at every position
+  (the full next-token loss).
 - **ComboAttention**: queries from the generation stream; self K/V from the generation stream
-  under `SELF_RULE` (causal, same block, same document); cross K/V from the context latents
-  under `CROSS_RULE` (key block < query block, plus the key at token 0 as a sink, same
-  document). RoPE with absolute token positions on queries and both key sets. The two
+  under `SELF_RULE` (causal, same block, same document unless `model.document_mask` is off);
+  cross K/V from the context latents under `CROSS_RULE` (key block < query block, plus the key
+  at token 0 as a sink, same document likewise). RoPE with absolute token positions on queries and both key sets. The two
   attentions are merged exactly by log-sum-exp (`attention.merge_lse`), i.e. one softmax over
   the union of both key sets. "One shared projection" (the paper's default) is read here as:
   the cross K/V use the same per-layer W_k, W_v as the self K/V (`model.dd_cross_kv='shared'`);
@@ -19,20 +22,18 @@
   upper-triangle tiles (tests check the equality against the definition).
 - **Blocks**: boundaries are drawn per step from the step's rng, shared across the batch, and
   passed as the dynamic `block` ids [1, T] (`sample_blocks`, strategies `BLOCK_STRATEGIES` =
-  the family's variants).
+  the family's variants, as the authors' collator draws them).
 
 Layer split: `model.n_layers` is the total; `model.gen_layers` of them form the generation
 decoder (2:1 context:generation by default, e.g. 8+4). μP (`model.mup_base_width`, 64 in the
 paper's configs; nsl/nn/mup.py): the cross K/V and GELU MLP matrices are hidden weights like
-the trunk's (init std / sqrt(m), Adam LR / m); ComboAttention's queries come from
-`Attention.project_q`, so both halves score q·k/d_head.
+the trunk's (Adam LR / m); ComboAttention's queries come from `Attention.project_q`, so both
+halves score with the same μP attention scale.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -48,41 +49,51 @@ SELF_RULE = masks.Rule(causal=True, same_segment=True, block="same")
 CROSS_RULE = masks.Rule(causal=True, same_segment=True, block="earlier", sink=True)
 
 BLOCK_STRATEGIES = ("random_uniform", "logspace", "single_middle", "prompt_style")
-MAX_BOUNDARIES = 7  # random_uniform / logspace draw 2..7 boundaries (3..8 blocks)
+MAX_BLOCKS = 8  # the authors' collator's max_blocks
+MAX_BOUNDARIES = 8  # logspace draws up to 8 boundaries; random_uniform 2..7
+# logspace's boundary counts: np.logspace(0, log10(8), 4).round() = 1, 2, 4, 8, each drawn with
+# probability 1/4 and raised to at least 2 (the authors' collator), so 2 has probability 1/2.
+LOGSPACE_COUNTS = (2, 2, 4, 8)
 
 
 # ----------------------------------------------------------------------------- block sampling
 
 
-def sample_blocks(rng, seq_len: int, strategy: str = "random_uniform"):
-  """Block ids [1, seq_len] int32 for one step, shared across the batch.
+def sample_blocks(rng, seq_len: int, strategy: str = "random_uniform", prompt_lengths=None):
+  """Block ids [1, seq_len] int32 for one step, shared across the batch: the authors' collator
+  (`DDPretrainCollator._sample_blocks`) with jax's rng.
 
   A boundary b starts a new block at position b; ids count the boundaries <= position.
-  - `random_uniform` (default, REFERENCES §2): 2..7 distinct boundaries uniform in [2, L-2];
-  - `logspace`: 2..7 distinct boundaries, log-uniform in [2, L-2] (short blocks early, long late);
+  - `random_uniform` (default): 2..7 distinct boundaries uniform in [2, L-2];
+  - `logspace`: a count from `LOGSPACE_COUNTS` (2 w.p. 1/2, 4 and 8 w.p. 1/4), distinct
+    boundaries uniform in [2, L-2];
   - `single_middle`: one boundary at L//2 (two blocks, no randomness);
-  - `prompt_style`: one boundary uniform in [2, L-2] (a prompt block then a generation block).
-  The last three are our reading of the paper's ablation names.
+  - `prompt_style`: one boundary drawn from `prompt_lengths` (an SFT set's prompt lengths, one
+    per prompt: a histogram by repetition), those in [2, L-2]; L//2 when none is.
   """
   lo, hi = 2, seq_len - 2
   if hi < lo + MAX_BOUNDARIES:
-    raise ConfigError(f"data.seq_len={seq_len} is too short for block sampling (need >= {lo + MAX_BOUNDARIES + 2})")
+    raise ConfigError(f"data.seq_len={seq_len} is too short for block sampling (need >= {lo + MAX_BOUNDARIES + 3})")
   pos = jnp.arange(seq_len, dtype=jnp.int32)
   k_num, k_pos = jax.random.split(rng)
   if strategy == "single_middle":
     bounds, active = jnp.asarray([seq_len // 2], jnp.int32), jnp.asarray([True])
   elif strategy == "prompt_style":
-    bounds = jax.random.randint(k_pos, (1,), lo, hi + 1)
+    if prompt_lengths is None:
+      raise ConfigError("block strategy 'prompt_style' needs model.dd_prompt_lengths (a .npy of prompt lengths)")
+    valid = np.asarray(prompt_lengths, np.int64)
+    valid = valid[(valid >= lo) & (valid <= hi)]
+    if valid.size == 0:
+      bounds = jnp.asarray([seq_len // 2], jnp.int32)
+    else:
+      bounds = jax.random.choice(k_pos, jnp.asarray(valid, jnp.int32), (1,))
     active = jnp.asarray([True])
   elif strategy in ("random_uniform", "logspace"):
-    n = jax.random.randint(k_num, (), 2, MAX_BOUNDARIES + 1)
     if strategy == "random_uniform":
-      bounds = lo + jax.random.choice(k_pos, hi - lo + 1, (MAX_BOUNDARIES,), replace=False)
+      n = jax.random.randint(k_num, (), 2, MAX_BLOCKS)  # the collator's integers(2, max_blocks)
     else:
-      # log-uniform with distinctness: Gumbel top-k over candidates weighted by 1/position.
-      cand = jnp.arange(lo, hi + 1, dtype=jnp.float32)
-      g = jax.random.gumbel(k_pos, cand.shape) - jnp.log(cand)
-      bounds = lo + jax.lax.top_k(g, MAX_BOUNDARIES)[1]
+      n = jax.random.choice(k_num, jnp.asarray(LOGSPACE_COUNTS, jnp.int32))
+    bounds = lo + jax.random.choice(k_pos, hi - lo + 1, (MAX_BOUNDARIES,), replace=False)
     active = jnp.arange(MAX_BOUNDARIES) < n
   else:
     raise ConfigError(f"block strategy {strategy!r} is not one of {BLOCK_STRATEGIES}")
@@ -100,7 +111,7 @@ class CrossKV(nn.Module):
 
   def setup(self):
     d, h, hd = self.dims.d_model, self.dims.n_heads, self.dims.head_dim
-    init = layers._init(self.dims.hidden_std, ("embed", "heads", "head_dim"))
+    init = layers.weight_init(self.dims, self.dims.hidden_std, ("embed", "heads", "head_dim"), (d, 2 * d))
     self.wk = self.param("wk", init, (d, h, hd))
     self.wv = self.param("wv", init, (d, h, hd))
 
@@ -124,7 +135,7 @@ class ComboAttention(nn.Module):
   separate_cross_kv: bool = False
 
   def setup(self):
-    self.attn = layers.Attention(self.dims)
+    self.attn = layers.Attention(self.dims, fused_qkv=False)  # the authors' q [d, d], kv [d, 2d]
     if self.separate_cross_kv:
       self.cross = CrossKV(self.dims)
 
@@ -143,20 +154,6 @@ class ComboAttention(nn.Module):
     return self.attn.output(o)
 
 
-class GeluMLP(nn.Module):
-  """W_out GELU(x W_in), hidden 4d (the generation decoder's MLP)."""
-
-  dims: layers.Dims
-
-  @nn.compact
-  def __call__(self, x_BTD):
-    d, std = self.dims.d_model, self.dims.hidden_std
-    w_in = self.param("w_in", layers._init(std, ("embed", "mlp")), (d, 4 * d))
-    w_out = self.param("w_out", layers._init(std / math.sqrt(2 * self.dims.n_layers), ("mlp", "embed")), (4 * d, d))
-    h = jax.nn.gelu(layers.dense(x_BTD, w_in))
-    return layers.dense(nn.with_logical_constraint(h, ("batch", "length", "mlp")), w_out)
-
-
 class GenLayer(nn.Module):
   dims: layers.Dims
   separate_cross_kv: bool = False
@@ -165,10 +162,11 @@ class GenLayer(nn.Module):
     self.attn_norm = layers.RMSNorm(self.dims.norm_eps)
     self.combo = ComboAttention(self.dims, self.separate_cross_kv)
     self.mlp_norm = layers.RMSNorm(self.dims.norm_eps)
-    self.mlp = GeluMLP(self.dims)
+    self.mlp = layers.GeluMLP(self.dims, hidden=4 * self.dims.d_model)  # the generation decoder's: 4d
 
   def __call__(self, x_BTD, c_BTD, segment_BT, block_BT):
     # Arrays, not a Slots object, so nn.remat can trace the arguments.
+    segment_BT = layers.attention_segment(self.dims, segment_BT)
     slots = attention.Slots(masks.Layout.causal(x_BTD.shape[1]), segment=segment_BT, block=block_BT)
     x_BTD = x_BTD + self.combo(self.attn_norm(x_BTD), c_BTD, slots)
     x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD))
@@ -190,7 +188,7 @@ class DoubleDecoder(nn.Module):
     if self.dims.remat != "none":
       cls = nn.remat(GenLayer, policy=layers.remat_policy(self.dims.remat), static_argnums=())
     self.gen = [cls(self.dims, self.separate_cross_kv) for _ in range(self.gen_layers)]
-    self.gen_norm = layers.RMSNorm(self.dims.norm_eps)
+    self.gen_norm = layers.final_norm(self.dims)
 
   def context_latents(self, tokens_BT, segment_BT):
     slots = attention.Slots(masks.Layout.causal(tokens_BT.shape[1]), segment=segment_BT)
@@ -260,12 +258,18 @@ class DDSpec:
 
   gen_layers: int | None = None  # generation-decoder layers; None = model.n_layers // 3 (2:1)
   dd_cross_kv: str = "shared"  # CROSS_KV: the cross K/V reuse the self K/V projections, or own ones
+  dd_prompt_lengths: str = ""  # prompt_style: a .npy of prompt lengths (the authors' SFT histogram)
 
   @staticmethod
   def from_config(config) -> "DDSpec":
     m, d = config.model, DDSpec()
     gen = m.get("gen_layers", d.gen_layers)
-    return DDSpec(gen_layers=None if gen is None else int(gen), dd_cross_kv=str(m.get("dd_cross_kv", d.dd_cross_kv)))
+    return DDSpec(gen_layers=None if gen is None else int(gen), dd_cross_kv=str(m.get("dd_cross_kv", d.dd_cross_kv)),
+                  dd_prompt_lengths=str(m.get("dd_prompt_lengths", d.dd_prompt_lengths) or ""))
+
+  def prompt_lengths(self):
+    """The prompt lengths `prompt_style` draws from (None without a file)."""
+    return np.load(self.dd_prompt_lengths) if self.dd_prompt_lengths else None
 
 
 def split_layers(config) -> tuple[int, int]:
@@ -292,9 +296,15 @@ class DoubleDecoderFamily(Family):
                         f"[1, model.n_layers-1={config.model.n_layers - 1}]")
     if spec.dd_cross_kv not in CROSS_KV:
       raise ConfigError(f"config.model.dd_cross_kv={spec.dd_cross_kv!r} must be 'shared' or 'separate'")
-    if config.data.seq_len < MAX_BOUNDARIES + 4:
+    if config.data.seq_len < MAX_BOUNDARIES + 5:
       raise ConfigError(f"config.data.seq_len={config.data.seq_len} is too short for block sampling "
-                        f"(need >= {MAX_BOUNDARIES + 4})")
+                        f"(need >= {MAX_BOUNDARIES + 5})")
+    if config.model.variant == "prompt_style":
+      import os
+      path = spec.dd_prompt_lengths
+      if not path or not os.path.isfile(path):
+        raise ConfigError(f"config.model.dd_prompt_lengths={path!r}: variant 'prompt_style' draws its boundary "
+                          "from a .npy file of SFT prompt lengths (token counts, one per prompt); give its path")
 
   @property
   def separate_cross_kv(self) -> bool:
@@ -314,7 +324,8 @@ class DoubleDecoderFamily(Family):
     return self.model.init(rng, *self.model_inputs(short))["params"]
 
   def blocks(self, rng, seq_len: int | None = None):
-    return sample_blocks(rng, seq_len or self.seq_len, self.config.model.variant)
+    spec = DDSpec.from_config(self.config)
+    return sample_blocks(rng, seq_len or self.seq_len, self.config.model.variant, spec.prompt_lengths())
 
   def loss_blocks(self, rng, seq_len: int):
     """The block ids [1, T] the loss draws from its step rng."""

@@ -4,9 +4,12 @@ Each packed row of `seq_len` tokens is span-corrupted on the fly from the step's
 (`nsl.data.span_corruption`: noise density 0.15, mean span 4, 100 sentinels at the top of the
 vocabulary; static shapes, so batches never recompile). A bidirectional encoder (the shared
 `layers.Stack` with a non-causal, same-document rule) reads the corrupted row; a causal decoder
-over the targets (pre-RMSNorm self attention, cross attention to the encoder output, SwiGLU) with
-the tied head predicts them. Loss: CE over the targets (padding excluded). RoPE in the encoder and
-in decoder self attention (each in its own compacted positions); no RoPE on cross attention.
+over the targets (pre-RMSNorm self attention, cross attention to the encoder output, the trunk's
+MLP) with the tied head predicts them. Loss: CE over the targets (padding excluded). RoPE in the
+encoder and in decoder self attention (each in its own compacted positions), and on cross
+attention as the authors do it (queries at decoder positions, keys at encoder positions;
+`model.sed_cross_rope=False` for none). The trunk options (`model.mlp`, `final_norm`, `init`,
+`document_mask`; nsl/nn/layers.py) apply to encoder and decoder alike.
 
 Layers: `model.n_layers` total, `model.gen_layers` of them in the decoder (2:1 like the double
 decoder's split). μP (`model.mup_base_width`; nsl/nn/mup.py): the cross-attention matrices
@@ -46,35 +49,43 @@ class SEDSpec:
   mean_span: float = 4.0
   sentinels: int = 100
   gen_layers: int = 0  # decoder layers; 0 or None = model.n_layers // 3
+  cross_rope: bool = True  # RoPE on cross attention (the authors'); False: none
 
   @staticmethod
   def from_config(config) -> "SEDSpec":
     m, d = config.model, SEDSpec()
     return SEDSpec(noise_density=float(m.get("noise_density", d.noise_density)),
                    mean_span=float(m.get("mean_span", d.mean_span)), sentinels=int(m.get("sentinels", d.sentinels)),
-                   gen_layers=int(m.get("gen_layers") or d.gen_layers))
+                   gen_layers=int(m.get("gen_layers") or d.gen_layers),
+                   cross_rope=bool(m.get("sed_cross_rope", d.cross_rope)))
 
   def decoder_layers(self, n_layers: int) -> int:
     return self.gen_layers or n_layers // 3
 
 
 class CrossAttention(nn.Module):
-  """Decoder queries over encoder keys/values (no RoPE: the two streams' positions differ)."""
+  """Decoder queries over encoder keys/values; with `rope`, queries rotated at decoder positions
+  and keys at encoder positions (the authors' CrossAttention)."""
 
   dims: layers.Dims
+  rope: bool = True
 
   @nn.compact
   def __call__(self, x_BTD, enc_BSD, q_slots, k_slots):
     d, h, hd, std = self.dims.d_model, self.dims.n_heads, self.dims.head_dim, self.dims.hidden_std
-    init = layers._init(std, ("embed", "heads", "head_dim"))
-    wq, wk, wv = (self.param(n, init, (d, h, hd)) for n in ("wq", "wk", "wv"))
-    wo = self.param("wo", layers._init(std / (2 * self.dims.n_layers) ** 0.5, ("heads", "head_dim", "embed")),
-                    (h, hd, d))
+    ax = ("embed", "heads", "head_dim")
+    wq = self.param("wq", layers.weight_init(self.dims, std, ax, (d, d)), (d, h, hd))
+    wk, wv = (self.param(n, layers.weight_init(self.dims, std, ax, (d, 2 * d)), (d, h, hd)) for n in ("wk", "wv"))
+    wo = self.param("wo", layers.weight_init(self.dims, std / (2 * self.dims.n_layers) ** 0.5,
+                                             ("heads", "head_dim", "embed"), (d, d)), (h, hd, d))
     proj = lambda x, w: layers.dense(x, w)
-    q = proj(x_BTD, wq)
-    if self.dims.query_scale is not None:  # μP attention: q·k/d_head
+    q, k = proj(x_BTD, wq), proj(enc_BSD, wk)
+    if self.rope:
+      q = layers.rope(q, q_slots.layout.tok, self.dims.rope_theta)
+      k = layers.rope(k, k_slots.layout.tok, self.dims.rope_theta)
+    if self.dims.query_scale is not None:  # μP attention scale (nsl/nn/mup.py)
       q = q * jnp.asarray(self.dims.query_scale, q.dtype)
-    o = attention.attend(q, proj(enc_BSD, wk), proj(enc_BSD, wv), CROSS_RULE, q_slots, k_slots,
+    o = attention.attend(q, k, proj(enc_BSD, wv), CROSS_RULE, q_slots, k_slots,
                          impl=self.dims.attention_impl, chunk_q=self.dims.attention_chunk,
                          chunk_k=self.dims.attention_chunk)
     return layers.dense(o, wo, n_in=2)
@@ -82,13 +93,15 @@ class CrossAttention(nn.Module):
 
 class DecoderLayer(nn.Module):
   dims: layers.Dims
+  cross_rope: bool = True
 
   @nn.compact
   def __call__(self, x, enc, q_slots, k_slots):
     eps = self.dims.norm_eps
     x = x + layers.Attention(self.dims, name="attn")(layers.RMSNorm(eps, name="attn_norm")(x), DECODER_RULE, q_slots)
-    x = x + CrossAttention(self.dims, name="cross")(layers.RMSNorm(eps, name="cross_norm")(x), enc, q_slots, k_slots)
-    x = x + layers.SwiGLU(self.dims, name="mlp")(layers.RMSNorm(eps, name="mlp_norm")(x))
+    x = x + CrossAttention(self.dims, self.cross_rope, name="cross")(layers.RMSNorm(eps, name="cross_norm")(x), enc,
+                                                                     q_slots, k_slots)
+    x = x + layers.mlp(self.dims, name="mlp")(layers.RMSNorm(eps, name="mlp_norm")(x))
     return nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
 
 
@@ -96,18 +109,20 @@ class EncoderDecoder(nn.Module):
   dims: layers.Dims
   enc_layers: int
   dec_layers: int
+  cross_rope: bool = True
 
   @nn.compact
   def __call__(self, enc_tokens, enc_segment, dec_inputs, dec_segment):
     embed = layers.Embedder(self.dims, name="embed")
+    enc_segment, dec_segment = (layers.attention_segment(self.dims, s) for s in (enc_segment, dec_segment))
     enc_slots = attention.Slots(masks.Layout.causal(enc_tokens.shape[1]), segment=enc_segment)
     dec_slots = attention.Slots(masks.Layout.causal(dec_inputs.shape[1]), segment=dec_segment)
     enc = layers.Stack(self.dims, ENCODER_RULE, n_layers=self.enc_layers, name="encoder")(
         embed.encode(enc_tokens), enc_slots)
     x = embed.encode(dec_inputs)
     for i in range(self.dec_layers):
-      x = DecoderLayer(self.dims, name=f"dec_{i}")(x, enc, dec_slots, enc_slots)
-    return embed.decode(layers.RMSNorm(self.dims.norm_eps, name="dec_norm")(x))
+      x = DecoderLayer(self.dims, self.cross_rope, name=f"dec_{i}")(x, enc, dec_slots, enc_slots)
+    return embed.decode(layers.final_norm(self.dims, name="dec_norm")(x))
 
 
 class SEDFamily(Family):
@@ -154,7 +169,7 @@ class SEDFamily(Family):
     return self.dims.n_layers - gen, gen
 
   def make_model(self):
-    return EncoderDecoder(self.dims, *self.split())
+    return EncoderDecoder(self.dims, *self.split(), cross_rope=self.spec.cross_rope)
 
   def corrupt(self, batch, rng):
     tokens, segment = batch["tokens"][:, :-1], batch["segment"][:, :-1]

@@ -112,25 +112,43 @@ def test_combo_attention_is_one_softmax_over_the_union(impl, cross_kv):
 # --------------------------------------------------------------------------- blocks
 
 
+PROMPT_LENGTHS = np.array([1, 5, 5, 5, 9, 70])  # 1 and 70 fall outside [2, 62]: never drawn
+
+
 @pytest.mark.parametrize("strategy", dd.BLOCK_STRATEGIES)
-def test_block_sampling(strategy):
-  t = 64
-  draws = [np.asarray(dd.sample_blocks(jax.random.PRNGKey(i), t, strategy)) for i in range(12)]
-  counts = set()
+def test_block_sampling_follows_the_authors_collator(strategy):
+  """DDPretrainCollator._sample_blocks: random_uniform 2..7 boundaries, logspace 2 (p 1/2), 4 or 8,
+  both uniform in [2, L-2]; single_middle L//2; prompt_style one boundary from the prompt-length
+  histogram, clipped to [2, L-2]."""
+  t, n = 64, 200
+  sample = jax.jit(jax.vmap(lambda k: dd.sample_blocks(k, t, strategy, PROMPT_LENGTHS)))
+  draws = np.asarray(sample(jax.random.split(jax.random.PRNGKey(0), n)))[:, 0]
+  counts, firsts = [], []
   for ids in draws:
-    assert ids.shape == (1, t) and ids[0, 0] == 0
-    steps = np.diff(ids[0])
+    assert ids[0] == 0
+    steps = np.diff(ids)
     assert set(steps.tolist()) <= {0, 1}
     bounds = np.nonzero(steps)[0] + 1
     assert bounds.min() >= 2 and bounds.max() <= t - 2
-    counts.add(len(bounds))
-  np.testing.assert_array_equal(draws[0], dd.sample_blocks(jax.random.PRNGKey(0), t, strategy))
-  if strategy in ("random_uniform", "logspace"):
-    assert counts <= set(range(2, 8)) and len(counts) > 1
+    counts.append(len(bounds))
+    firsts.append(bounds[0])
+  freq = {c: counts.count(c) / n for c in set(counts)}
+  if strategy == "random_uniform":
+    assert set(freq) == set(range(2, 8))
+  elif strategy == "logspace":
+    assert set(freq) == {2, 4, 8} and 0.4 < freq[2] < 0.6 and 0.17 < freq[8] < 0.33
   else:
-    assert counts == {1}
+    assert set(freq) == {1}
   if strategy == "single_middle":
-    assert np.nonzero(np.diff(draws[0][0]))[0][0] + 1 == t // 2
+    assert set(firsts) == {t // 2}
+  if strategy == "prompt_style":
+    assert set(firsts) == {5, 9} and 0.65 < firsts.count(5) / n < 0.85
+
+
+def test_prompt_style_needs_a_histogram():
+  from nsl.errors import ConfigError
+  with pytest.raises(ConfigError, match="dd_prompt_lengths"):
+    dd.sample_blocks(jax.random.PRNGKey(0), 64, "prompt_style")
 
 
 # --------------------------------------------------------------------------- model, decoding, FLOPs
