@@ -88,7 +88,7 @@ def main():
       json.dump(terms, f)
     print(json.dumps(terms))
     return
-  fabric = setup(model, meta, with_optimizer=True)
+  setup(model, meta, with_optimizer=True)
   model.train()
   clip = meta["train"]["clip_norm"]
   t0 = time.time()
@@ -98,6 +98,7 @@ def main():
       model.optimizer_step(grad_clip=clip)
       rec = {"step": s + 1, **record(out), "sec": round(time.time() - t0, 2)}
       f.write(json.dumps(rec) + "\n")
+      f.flush()
   print(json.dumps(rec))
 
 
