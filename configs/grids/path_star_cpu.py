@@ -41,7 +41,7 @@ ARMS = ("gpt", "nextlat", "mtp")
 D, L, N_TRAIN, N_TEST = 5, 5, 200_000, 20_000
 MODEL = (2, 4, 64)  # layers, heads, width
 STEPS = 2_000  # × 512 = 1.02M sequences
-NEXTLAT_CPU_S_PER_STEP = 2.5  # measured, docs/xcheck/nextlat.md
+NEXTLAT_CPU_S_PER_STEP = 2.68  # measured median (load 24-30 on 2 cores), docs/xcheck/nextlat.md
 
 
 def setting() -> dict:
