@@ -239,6 +239,7 @@ def plot_multipliers(fits, colors, out_dir, c_name):
   base, fpt_b = law_of(fams[base_name]), _fpt(fams[base_name]["approach3"])
   base_boot = laws_from_rows(fams[base_name]["approach3"]["bootstrap"]["samples_E_A_B_alpha_beta"])
   fig, (ax_d, ax_c) = plt.subplots(1, 2, figsize=(13, 5))
+  curves = {ax_d: [], ax_c: []}
   for name in mult["data"]:
     fam, color = fams[name], colors.get(name, "C0")
     law, fpt_n = law_of(fam), _fpt(fam["approach3"])
@@ -248,15 +249,24 @@ def plot_multipliers(fits, colors, out_dir, c_name):
     tag = "" if mult["identifiable"][name]["identifiable"] else " (not identifiable)"
     n = np.geomspace(*fam["range"]["N"], 60)
     curve = data_multiplier(base, law, n, ratio * n)[0]
+    curves[ax_d].append(curve)
     samples = np.array([data_multiplier(b, l, n, ratio * n)[0] for b, l in boots]).reshape(-1, len(n))
     _band(ax_d, n, curve, samples, color, f"{name} at D = {ratio:.3g}·N{tag}")
     c = np.geomspace(*fam["range"]["C"], 60)
     curve = compute_multiplier(base, law, c, fpt_b, fpt_n)[0]
+    curves[ax_c].append(curve)
     samples = np.array([compute_multiplier(b, l, c, fpt_b, fpt_n)[0] for b, l in boots]).reshape(-1, len(c))
     _band(ax_c, c, curve, samples, color, f"{name}{tag}")
   for ax in (ax_d, ax_c):
     ax.axhline(1.0, color="k", lw=0.8, ls=":", label=f"parity with {base_name}")
     ax.set(xscale="log", yscale="log")
+    vals = np.concatenate(curves[ax] + [np.ones(1)])
+    vals = vals[np.isfinite(vals) & (vals > 0)]
+    lo, hi = ax.get_ylim()
+    if lo < vals.min() / 100 or hi > vals.max() * 100:  # an unidentified band would flatten the curve
+      ax.set_ylim(max(lo, vals.min() / 100), min(hi, vals.max() * 100))
+      ax.text(0.99, 0.01, "band clipped at 100x the curve", transform=ax.transAxes, ha="right",
+              va="bottom", fontsize=7, color="0.4")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
   ax_d.set(xlabel="parameters N", ylabel="data multiplier D_eq / D",
