@@ -6,6 +6,9 @@ the jaxlib version and the CPU's feature flags, written atomically so concurrent
 one build (`python -m nsl.kernels.cpu_build`, run by `make install`, builds it ahead of time and
 prints where). A host that cannot build it (no compiler) warns once on stderr per kernel and runs
 the XLA paths.
+
+`$NSL_CPU_THREADS` (a positive integer) caps the workers of every kernel call (default: the cores
+the process may run on). The kernels' results do not depend on it (docs/guide/determinism.md).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import tempfile
 from pathlib import Path
 
 import jax
+
+from nsl.errors import ConfigError
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "flash_cpu.cc", HERE / "head_cpu.cc", HERE / "decode_cpu.cc")
@@ -87,9 +92,21 @@ def build() -> Path:
   return path
 
 
+THREADS_ENV = "NSL_CPU_THREADS"
+
+
+def check_threads() -> None:
+  """A non-empty `$NSL_CPU_THREADS` must be a positive integer (the kernels would ignore anything else)."""
+  value = os.environ.get(THREADS_ENV, "").strip()
+  if value and not (value.isdigit() and int(value) > 0):
+    raise ConfigError(f"{THREADS_ENV}={value!r} must be a positive integer (the CPU kernels' workers); "
+                      "unset it to use every core")
+
+
 @functools.lru_cache(maxsize=None)
 def load() -> str | None:
   """Builds, loads and registers every FFI target once per process; the failure reason or None."""
+  check_threads()
   try:
     lib = ctypes.cdll.LoadLibrary(str(build()))
   except OSError as e:

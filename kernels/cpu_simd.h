@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -159,15 +160,24 @@ inline vf vexp(vf x) {
   return tiny ? splat(0.0f) : e;
 }
 
+// Workers for `tasks` tasks: the cores this thread may run on, or $NSL_CPU_THREADS when it is set
+// (a positive integer; `nsl.kernels.cpu_build` rejects anything else), at most one per task. Read
+// per call: a call lasts 0.1 ms or more, getenv well under a microsecond.
 inline int num_workers(int64_t tasks) {
-  cpu_set_t set;
-  int n = 1;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) n = CPU_COUNT(&set);
+  int n = 0;
+  if (const char* env = std::getenv("NSL_CPU_THREADS")) n = std::atoi(env);
+  if (n <= 0) {
+    cpu_set_t set;
+    n = 1;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) n = CPU_COUNT(&set);
+  }
   return (int)std::max<int64_t>(1, std::min<int64_t>(n, tasks));
 }
 
 // Runs fn(task, worker) for every task in [0, tasks) on the host's cores (tasks taken in order as
-// workers free up; worker in [0, workers), workers = num_workers(tasks)).
+// workers free up; worker in [0, workers), workers = num_workers(tasks)). Which worker runs a task
+// changes from call to call, so no kernel may let it change a result (docs/guide/determinism.md):
+// a task writes only its own outputs, or its own partial of a sum that is merged in task order.
 template <typename Fn>
 void parallel_for(int64_t tasks, int workers, Fn fn) {
   std::atomic<int64_t> next{0};
@@ -180,7 +190,8 @@ void parallel_for(int64_t tasks, int workers, Fn fn) {
   for (auto& th : threads) th.join();
 }
 
-// Runs body(task, scratch) for every task on the host's cores, one Body::Scratch per worker.
+// Runs body(task, scratch) for every task on the host's cores, one Body::Scratch per worker (a
+// task must not read what an earlier task left in it).
 template <typename Body>
 void parallel_tasks(int64_t tasks, Body body) {
   const int n = num_workers(tasks);

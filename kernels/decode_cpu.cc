@@ -315,6 +315,12 @@ ffi::Error WriteImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
 // of W's rows (whole rows, or a column chunk of them on many cores), in blocks of 32 rows: every
 // row of x passes over a block in the register-blocked micro-kernel, whose k loop prefetches the
 // next block (`gemm_panel_pf`). Row ranges after the first sum into partial products, added last.
+//
+// Determinism (docs/guide/determinism.md): the row ranges are fixed by K alone (min(blocks, 4) of
+// them), never by the number of cores, and their partials are added in range order; the cores only
+// change how the columns are split, which changes no sum. The attention kernels above write each
+// (batch row, head) from one task. So every result is the same bits whichever thread runs what,
+// and on any number of cores.
 
 constexpr int64_t kMaxRows = 32;     // rows a product may have here (the host checks)
 constexpr int64_t kRowBlock = 32;    // rows of W per block
@@ -354,10 +360,10 @@ ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   if (K == 0) std::fill(yp, yp + M * N, 0.0f);
   if (M == 0 || N == 0 || K == 0) return ffi::Error::Success();
   const float *xp = x.typed_data(), *wp = w.typed_data();
-  // R row ranges × C column chunks, one task each, for the pool's workers.
+  // R row ranges (fixed by K: the order of the sums) × C column chunks (by the cores), one task each.
   const int64_t blocks = (K + kRowBlock - 1) / kRowBlock, panels = (N + PW - 1) / PW;
-  const int workers = num_workers(blocks * panels);
-  const int64_t R = std::min<int64_t>({blocks, workers, kMaxRowSplit});
+  const int64_t R = std::min<int64_t>(blocks, kMaxRowSplit);
+  const int workers = num_workers(R * panels);
   const int64_t C = std::min<int64_t>(panels, std::max<int64_t>(1, workers / R));
   const int64_t cw = (panels + C - 1) / C * PW;
   std::unique_ptr<float[]> part(R > 1 ? new float[(R - 1) * M * N] : nullptr);

@@ -17,9 +17,15 @@
 // s = Σ exp(z − m), exp(z − m) kept chunk-major ([chunks, rows, kChunk]: pass 2 reads a chunk's
 // block back as one contiguous run). Then per row: M = max m, S = Σ s e^{m−M},
 // nll, and per (row, chunk) the factor c_r e^{m−M} / S. Pass 2 (per chunk, gradients only): the
-// chunk's buffer times its factors is c_r p (in place), then dh partials (one per worker, summed
-// after) and the chunk's rows of dE from it; the one-hot terms are subtracted last. Three products
-// per row and vocabulary entry, as the XLA path; nothing is transposed but packed E chunks.
+// chunk's buffer times its factors is c_r p (in place), then the chunk's rows of dE and its share of
+// dh from it; the one-hot terms are subtracted last. Three products per row and vocabulary entry, as
+// the XLA path; nothing is transposed but packed E chunks.
+//
+// Determinism (docs/guide/determinism.md): dh sums over the whole vocabulary, so its order is fixed
+// by the data, not by the threads: pass 2's tasks are groups of kGroup consecutive chunks, each
+// summing its chunks in order into its own dh partial, and the partials are added in group order.
+// Every other output is written by one task. The bits depend on the shapes and the build only, not
+// on the number of workers or which one ran which task.
 // Measured at 2048 × 256 × 50,304 on 2 AVX2 cores: 1.04 s (≈150 GFLOP/s; the dh product ≈78 GFLOP/s
 // a core, the micro-kernel's ceiling) against 1.3-1.5 s for the XLA scan (same process); on 2
 // AVX-512 cores 0.60-0.64 s (250-264 GFLOP/s; with the block as 256 strided rows of a [rows, V]
@@ -38,6 +44,7 @@ using namespace nsl_cpu;
 
 constexpr int64_t kRows = 256;   // rows per block: the buffer is kRows · V floats (51 MB at 50k)
 constexpr int64_t kChunk = 256;  // vocabulary per task: a packed E chunk is 256 KB at d 256
+constexpr int64_t kGroup = 4;   // chunks per pass-2 task, one dh partial each (1/8 of packed E's size)
 constexpr int64_t PW = NV_MAX * W;  // packed panel width (16 with AVX2, 64 with AVX-512)
 
 // Buffers reused across calls (a fresh 150 MB mapping per call costs its page faults every step);
@@ -79,7 +86,7 @@ struct Head {
   std::vector<float> zt;             // [kRows]: z_r[t_r]
   std::vector<float> hs;             // the block's rows times scale (pass 1's A operand)
   std::vector<float> hp;             // the block's h packed [D/PW][rows][PW] (pass 2's B operand)
-  std::vector<float> dhw;            // [workers, kRows, D]
+  float* dhg = nullptr;              // [groups, zrows, D]: each chunk group's dh partial
   void chunk_range(int64_t c, int64_t& v0, int64_t& L) const {
     v0 = c * kChunk;
     L = std::min(kChunk, V - v0);
@@ -131,8 +138,11 @@ struct Head {
     }
   }
 
-  // Pass 2 over chunk c: m now holds the factors c_r e^{m − M} / S.
-  void grads_chunk(int64_t c, int w, int64_t R, bool first) {
+  int64_t groups() const { return (nch + kGroup - 1) / kGroup; }
+
+  // Pass 2 over chunk c: m now holds the factors c_r e^{m − M} / S. `dhp` is the chunk's group's
+  // dh partial, which the group's first chunk overwrites (`lead`).
+  void grads_chunk(int64_t c, float* dhp, bool lead, int64_t R, bool first) {
     int64_t v0, L;
     chunk_range(c, v0, L);
     for (int64_t r = 0; r < R; ++r) {  // exp(z − m) → p · c in place
@@ -141,9 +151,8 @@ struct Head {
       for (int64_t j = 0; j < L; j += W) store(zr + j, load(zr + j) * f);
     }
     const float* pz = zchunk(c);
-    float* dhp = dhw.data() + w * kRows * D;
-    for (int64_t p = 0; p < D / PW; ++p)  // dh[rows, D] += P[rows, L] · E[L, D]
-      gemm_panel<NV_MAX>(R, L, pz, L, 1, ep + v0 * D + p * L * PW, PW, dhp + p * PW, D, true);
+    for (int64_t p = 0; p < D / PW; ++p)  // dh[rows, D] (+)= P[rows, L] · E[L, D]
+      gemm_panel<NV_MAX>(R, L, pz, L, 1, ep + v0 * D + p * L * PW, PW, dhp + p * PW, D, !lead);
     for (int64_t p = 0; p < D / PW; ++p)  // dE[L, D] (+)= Pᵀ[L, rows] · h[rows, D]
       gemm_panel<NV_MAX>(L, R, pz, 1, L, hp.data() + p * R * PW, PW, dE + v0 * D + p * PW, D, !first);
   }
@@ -156,10 +165,7 @@ struct Head {
     s.resize(rows * nch);
     zt.resize(rows);
     hs.resize(rows * D);
-    if (grads) {
-      hp.resize(rows * D);
-      dhw.resize(workers * kRows * D);
-    }
+    if (grads) hp.resize(rows * D);
     parallel_for(nch, workers, [&](int64_t c, int) { pack(c); });
     for (int64_t r0 = 0; r0 < N; r0 += kRows) {
       const int64_t R = std::min(kRows, N - r0);
@@ -179,20 +185,33 @@ struct Head {
       for (int64_t p = 0; p < D / PW; ++p)
         for (int64_t r = 0; r < R; ++r)
           std::memcpy(hp.data() + (p * R + r) * PW, h + (r0 + r) * D + p * PW, PW * sizeof(float));
-      std::fill(dhw.begin(), dhw.end(), 0.0f);
-      parallel_for(nch, workers, [&](int64_t c, int w) { grads_chunk(c, w, R, r0 == 0); });
+      const int64_t G = groups();
+      parallel_for(G, num_workers(G), [&](int64_t g, int) {
+        float* dhp = dhg + g * zrows * D;
+        for (int64_t c = g * kGroup; c < std::min(nch, (g + 1) * kGroup); ++c)
+          grads_chunk(c, dhp, c == g * kGroup, R, r0 == 0);
+      });
+      // dh = −c_r E_t + Σ_g partial_g in group order, rows split over the cores (each row's order is
+      // the same whoever sums it).
+      const int64_t slices = (R + 15) / 16;
+      parallel_for(slices, num_workers(slices), [&](int64_t i, int) {
+        for (int64_t r = i * 16; r < std::min(R, i * 16 + 16); ++r) {
+          const float cr = coef[r0 + r];
+          const float* et = E + (int64_t)t[r0 + r] * D;
+          float* dhr = dh + (r0 + r) * D;
+          for (int64_t d = 0; d < D; d += W) {
+            vf acc = splat(-cr) * load(et + d);
+            for (int64_t g = 0; g < G; ++g) acc += load(dhg + (g * zrows + r) * D + d);
+            store(dhr + d, acc);
+          }
+        }
+      });
+      // The one-hot terms of dE, in row order (rows may share a target).
       for (int64_t r = 0; r < R; ++r) {
         const float cr = coef[r0 + r];
-        const float* et = E + (int64_t)t[r0 + r] * D;
         const float* hr = h + (r0 + r) * D;
-        float* dhr = dh + (r0 + r) * D;
         float* der = dE + (int64_t)t[r0 + r] * D;
-        for (int64_t d = 0; d < D; ++d) {
-          float acc = -cr * et[d];
-          for (int w = 0; w < workers; ++w) acc += dhw[(w * kRows + r) * D + d];
-          dhr[d] = acc;
-          der[d] -= cr * hr[d];
-        }
+        for (int64_t d = 0; d < D; ++d) der[d] -= cr * hr[d];
       }
     }
   }
@@ -218,10 +237,13 @@ ffi::Error Impl(ffi::Buffer<ffi::F32> h, ffi::Buffer<ffi::F32> E, ffi::Buffer<ff
   Head hc{h.typed_data(), E.typed_data(), coef.typed_data(), tp, N, V, D, scale, grads != 0,
           nll->typed_data(), dh->typed_data(), dE->typed_data()};
   hc.zrows = std::min(kRows, N);
-  const int64_t zn = hc.zrows * ((V + kChunk - 1) / kChunk) * kChunk;  // Head::zchunk's layout
-  hc.z = pl.get(zn + (grads ? 2 : 1) * V * D);
+  const int64_t nch = (V + kChunk - 1) / kChunk;
+  const int64_t zn = hc.zrows * nch * kChunk;  // Head::zchunk's layout
+  const int64_t gn = grads ? (nch + kGroup - 1) / kGroup * hc.zrows * D : 0;  // Head::dhg
+  hc.z = pl.get(zn + (grads ? 2 : 1) * V * D + gn);
   hc.et = hc.z + zn;
   hc.ep = hc.et + V * D;
+  hc.dhg = hc.ep + (grads ? V * D : 0);
   hc.run();
   return ffi::Error::Success();
 }

@@ -87,7 +87,7 @@ def test_attend_write_reads_before_it_writes():
                                    (4, 20, 320)])
 def test_matmul_equals_xla(m, k, n):
   """Row groups of 6 and their tails; K split into row ranges whose partial products are summed
-  (on ≥ 2 cores), not a multiple of the 32-row block; N not a multiple of the micro-kernel's panel
+  (up to 4, fixed by K), not a multiple of the 32-row block; N not a multiple of the micro-kernel's panel
   (but of the vector width), and in column chunks when K is a single block (4, 20, 320)."""
   rng = np.random.default_rng(m * k)
   x, w = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in ((m, k), (k, n)))
