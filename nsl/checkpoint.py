@@ -9,6 +9,7 @@ written per process by Grain's own checkpoint handler.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -17,7 +18,9 @@ from typing import Any, Callable
 
 import grain
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 import nsl
 from nsl import procs
@@ -193,6 +196,21 @@ def restore_params(path: str, abstract_state, flag: str = "--restore_from"):
     raise NslError(f"{flag}={path!r}: every checkpoint in {directory} is damaged (steps {sorted(steps)})")
   finally:
     manager.close()
+
+
+def state_digest(state) -> str:
+  """`sha256:<hex>` over every leaf of `state` (a TrainState: step, parameters, optimizer state,
+  non-finite run) in tree order: its path, dtype, shape and bytes. Two runs with the
+  same digest hold the same bits (docs/guide/determinism.md). Every process must call it: a leaf
+  spread over processes is gathered one at a time."""
+  h = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+      leaf = multihost_utils.process_allgather(leaf, tiled=True)
+    x = np.ascontiguousarray(np.asarray(leaf))  # the host's byte order: little-endian on every JAX host
+    h.update(f"{jax.tree_util.keystr(path)}:{x.dtype.name}:{x.shape};".encode())
+    h.update(x.tobytes())
+  return "sha256:" + h.hexdigest()
 
 
 def _is_shape_mismatch(e: BaseException) -> bool:

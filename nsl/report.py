@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     if uni:
       line += f" (unigram entropy of the corpus: {uni:.4f} nats/token; the model is {uni - val:.3f} nats below it)"
     print(line)
+  if r.get("state_sha256"):  # equal digests: the same final bits (docs/guide/determinism.md)
+    print(f"state:      {r['state_sha256']}")
   curve = os.path.join(argv[0], "loss_curve.png")
   if os.path.exists(curve):
     print(f"loss curve: {curve}")

@@ -269,7 +269,8 @@ class Trainer:
       try:
         self.checkpointer.close()
       finally:
-        result = self._result(status, step, last_loss, eval_loss, timing(), nonfinite_total)
+        result = self._result(status, step, last_loss, eval_loss, timing(), nonfinite_total,
+                              state if status != "failed" else None)
         if self.is_main:
           metrics.write_json(os.path.join(self.workdir, "result.json"), result)
           if status == "done":
@@ -281,7 +282,7 @@ class Trainer:
     self.final_state = state
     return result
 
-  def _result(self, status, step, last_loss, eval_loss, timing, nonfinite_total) -> dict[str, Any]:
+  def _result(self, status, step, last_loss, eval_loss, timing, nonfinite_total, state=None) -> dict[str, Any]:
     tokens = step * self.tokens_per_step
     evals = {"val" + self.eval_suffix: eval_loss} if eval_loss is not None else {}
     return {
@@ -294,4 +295,6 @@ class Trainer:
         "unigram_entropy_nats": self.manifest.get("unigram_entropy_nats"),
         **timing, "nonfinite_steps": nonfinite_total, "devices": jax.device_count(),
         "processes": jax.process_count(), "nsl_version": nsl.__version__,
+        # The final state's bits (docs/guide/determinism.md): equal digests, equal runs.
+        "state_sha256": checkpoint.state_digest(state) if state is not None else None,
     }
