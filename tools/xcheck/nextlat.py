@@ -327,7 +327,7 @@ def main(argv=None) -> None:
   s.add_argument("--out", required=True)
   s = sub.add_parser("report")
   s.add_argument("--batches", required=True)
-  s.add_argument("--seeds", type=int, default=3)
+  s.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1 that both sides have run")
   s.add_argument("--plot", default="")
   a = p.parse_args(argv)
   {"batches": cmd_batches, "port": cmd_port, "train": cmd_train, "report": cmd_report}[a.cmd](a)
