@@ -104,10 +104,36 @@ def _int_constant(defs: dict[str, str], name: str, depth: int = 6) -> int | None
   return _int_constant(defs, m.group(1), depth - 1) if m and depth else None
 
 
-def _trip_count(while_line: str, caller: dict[str, str], cond: list[str]) -> int | None:
-  """Trips of a counted loop `i = init; while (i < bound)` (the form jax.lax.scan lowers to):
-  the annotation when present, else bound − init read from the condition's ROOT compare and
-  the loop's initial tuple; None when the loop has another form."""
+def _tuple_operands(rhs: str) -> list[str]:
+  m = re.search(r"\btuple\(([^)]*)\)", rhs)
+  return [] if m is None else re.findall(r"%([\w.\-]+)", re.sub(r"/\*index=\d+\*/", "", m.group(1)))
+
+
+def _step(body: list[str], k: int) -> int | None:
+  """The constant the body adds to tuple element k (the loop counter), or None."""
+  defs, root = _defs(body)
+  operands = _tuple_operands(defs.get(root, ""))
+  if k >= len(operands):
+    return None
+  m = re.match(r"\S+ add\(%([\w.\-]+), %([\w.\-]+)\)", defs.get(operands[k], ""))
+  if not m:
+    return None
+  for a, b in ((m.group(1), m.group(2)), (m.group(2), m.group(1))):
+    for _ in range(6):  # through copies to the counter's get-tuple-element
+      if re.match(rf"\S+ get-tuple-element\(%[\w.\-]+\), index={k}\b", defs.get(a, "")):
+        return _int_constant(defs, b)
+      unary = re.match(r"\S+ (?:copy|bitcast|convert)\(%([\w.\-]+)\)", defs.get(a, ""))
+      if unary is None:
+        break
+      a = unary.group(1)
+  return None
+
+
+def _trip_count(while_line: str, caller: dict[str, str], cond: list[str], body: list[str]) -> int | None:
+  """Trips of a counted loop `for (i = init; i < bound; i += step)` (jax.lax.scan's form, and
+  XLA's windowed-einsum loops, which it unrolls to steps of 2): the annotation when present,
+  else ceil((bound − init) / step) read from the condition's ROOT compare, the loop's initial
+  tuple and the body's update of the counter; None when the loop has another form."""
   known = _TRIPS.search(while_line)
   if known:
     return int(known.group(1))
@@ -118,13 +144,15 @@ def _trip_count(while_line: str, caller: dict[str, str], cond: list[str]) -> int
   counter, bound = (m.group(1), m.group(2)) if m.group(3) == "LT" else (m.group(2), m.group(1))
   index = re.match(r"\S+ get-tuple-element\(%[\w.\-]+\), index=(\d+)", defs.get(counter, ""))
   limit = _int_constant(defs, bound)
-  init_tuple = re.search(r"\btuple\(([^)]*)\)", caller.get(_WHILE.search(while_line).group(1), ""))
-  if index is None or limit is None or init_tuple is None:
+  if index is None or limit is None:
     return None
-  operands = re.findall(r"%([\w.\-]+)", re.sub(r"/\*index=\d+\*/", "", init_tuple.group(1)))
   k = int(index.group(1))
+  operands = _tuple_operands(caller.get(_WHILE.search(while_line).group(1), ""))
   init = _int_constant(caller, operands[k]) if k < len(operands) else None
-  return None if init is None else max(0, limit - init)
+  step = _step(body, k)
+  if init is None or not step or step < 0:
+    return None
+  return max(0, -(-(limit - init) // step))
 
 
 class LoopCost:
@@ -182,7 +210,7 @@ class LoopCost:
         w = _WHILE.search(line)
         if not w:
           continue
-        n = _trip_count(line, defs, self.computations.get(w.group(2), []))
+        n = _trip_count(line, defs, self.computations.get(w.group(2), []), self.computations.get(w.group(3), []))
         if n is None:
           self.unknown_trip_loops += 1
           continue

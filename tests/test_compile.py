@@ -213,3 +213,44 @@ def test_roofline_is_the_slower_of_compute_and_memory():
   assert r["roofline_mfu"] == 0.5  # recomputation doubles the work the model FLOPs count
   assert topology.chip_for_device("NVIDIA H100 80GB HBM3").name == "H100"
   assert topology.chip_for_device("TPU v5 lite").name == "v5e" and topology.chip_for_device("cpu") is None
+
+
+# A counted loop as XLA:TPU prints it after unrolling a windowed einsum: no trip-count annotation,
+# the counter stepping by 2 to 16 (8 trips), reached through a copy.
+_UNROLLED_LOOP = """HloModule m
+
+%body (bp: (s32[], f32[8,8])) -> (s32[], f32[8,8]) {
+  %bp = (s32[], f32[8,8]) parameter(0)
+  %bi = s32[] get-tuple-element(%bp), index=0
+  %bc = s32[] copy(%bi)
+  %bx = f32[8,8] get-tuple-element(%bp), index=1
+  %two = s32[] constant(2)
+  %next = s32[] add(%bc, %two)
+  %y = f32[8,8] dot(%bx, %bx), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %bt = (s32[], f32[8,8]) tuple(%next, %y)
+}
+
+%cond (cp: (s32[], f32[8,8])) -> pred[] {
+  %cp = (s32[], f32[8,8]) parameter(0)
+  %ci = s32[] get-tuple-element(%cp), index=0
+  %n = s32[] constant(16)
+  ROOT %lt = pred[] compare(%ci, %n), direction=LT
+}
+
+ENTRY %main (x: f32[8,8]) -> f32[8,8] {
+  %x = f32[8,8] parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[8,8]) tuple(%zero, %x)
+  %w = (s32[], f32[8,8]) while(%init), condition=%cond, body=%body
+  ROOT %r = f32[8,8] get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_loop_cost_reads_trips_from_the_condition_and_the_counters_step():
+  import jax
+
+  cost = nsl_compile.LoopCost(_UNROLLED_LOOP, jax.devices("cpu")[0].client)
+  dot = 2 * 8 * 8 * 8
+  assert cost.loops == [8] and 8 * dot <= cost.full()["flops"] < 8 * dot + 100  # + the counter's adds
+  assert dot <= cost.once(cost.entry)["flops"] < dot + 20
