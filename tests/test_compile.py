@@ -252,5 +252,5 @@ def test_loop_cost_reads_trips_from_the_condition_and_the_counters_step():
 
   cost = nsl_compile.LoopCost(_UNROLLED_LOOP, jax.devices("cpu")[0].client)
   dot = 2 * 8 * 8 * 8
-  assert cost.loops == [8] and 8 * dot <= cost.full()["flops"] < 8 * dot + 100  # + the counter's adds
+  assert 8 * dot <= cost.full()["flops"] < 8 * dot + 100 and cost.loops == [8]  # + the counter's adds
   assert dot <= cost.once(cost.entry)["flops"] < dot + 20
