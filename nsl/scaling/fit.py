@@ -153,6 +153,7 @@ def fit_source(ps: PointSet, *, baseline: str | None = None, n_boot: int = 200, 
                       f"no family {DEFAULT_BASELINE!r}: pass --baseline=FAMILY to compare families"}
   else:
     mult = _multipliers(fams, base)
+  mult["requested"] = baseline is not None
   return _jsonable({
       "method": {"approach1": "envelope of loss vs compute; N_opt, D_opt = k C^a through it",
                  "approach2": f"IsoFLOP slices (within {ap.ISO_TOL_DEX} decades of compute), parabola "
@@ -219,7 +220,7 @@ def summary(report: dict) -> str:
     lines += [_approach_line(k, fam[f"approach{k}"]) for k in (1, 2, 3)]
   mult = report["multipliers"]
   if mult["status"] != "ok":
-    if mult.get("baseline") is not None or len(report["families"]) > 1:
+    if mult.get("requested") or len(report["families"]) > 1:
       lines.append(f"  multipliers: {mult['reason']}")
     return "\n".join(lines)
   rng = lambda v: f"{min(v):.3g}..{max(v):.3g}" if v else "undefined"
