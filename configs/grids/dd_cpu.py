@@ -1,10 +1,14 @@
-"""The CPU-scale double-decoder study (REFERENCES §2, issue #14): decoder-only, DD and SED at two
-widths, 2 seeds.
+"""The CPU-scale double-decoder study (REFERENCES §2, issues #14 and #45): decoder-only, DD and SED
+at two widths, 2 seeds, with the authors' models (docs/xcheck/dd.md).
 
-Every cell is the family's tiny config (configs/dd.py:{decoder_only,dd,sed}_tiny: 3 layers split 2:1 for DD and SED, SOTU BPE-4096, 128-token sequences, 16
-per step, μP at base width 64 with the paper's base LRs DD 0.01, SED 0.004, decoder-only 0.01) at
-d = 128 (2 heads) and d = 192 (3 heads: the paper's 6.25M width, heads d/64), trained 400 steps
-(819k tokens) with the paper's schedule (5% warmup, linear decay to 10% of the peak over the rest).
+Every cell is the family's tiny config (configs/dd.py:{decoder_only,dd,sed}_tiny: 3 layers split
+2:1 for DD and SED, SOTU BPE-4096, 128-token sequences, 16 per step; the authors' trunk: GELU MLP
+of 4d, final LayerNorm, xavier-uniform init, no document masking; μP at base width 64 with their
+multipliers (logits × 1/sqrt(m), attention q·k·sqrt(64)/d_head) and base LRs DD 0.01, SED 0.004,
+decoder-only 0.01, weight decay 0.5) at d = 128 (2 heads) and d = 192 (3 heads: the paper's 6.25M
+width, heads d/64), trained 400 steps (819k tokens) with the paper's schedule (5% warmup, linear
+decay to 10% of the peak over the rest). Its first run (before the authors' models) is in git
+history; this grid is to be rerun (cost per cell: docs/xcheck/dd.md).
 
 SED's validation NLL is per original token (`SEDFamily.eval_nll`: the decoder's CE at targets
 that are corrupted text tokens, sentinels left out), so all three are nats per text token; SED
@@ -23,7 +27,7 @@ ARCHS = ("decoder_only", "dd", "sed")
 
 
 def _width(d: int) -> dict:
-  return {"_label": f"d{d}", "model.d_model": d, "model.n_heads": d // 64, "model.d_ff": dd.swiglu_hidden(d)}
+  return {"_label": f"d{d}", "model.d_model": d, "model.n_heads": d // 64, "model.d_ff": 4 * d}  # GELU 4d
 
 
 def get_grid():

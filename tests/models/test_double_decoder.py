@@ -284,3 +284,23 @@ def test_decode_comparison_reports_a_third_of_the_kv_cache():
   assert rows[0]["layers_cached"] == 1 and rows[1]["layers_cached"] == 3
   assert rows[2]["kv_bytes_per_token"] == pytest.approx(1 / 3)
   assert all(r["decode_tokens_per_s"] > 0 for r in rows[:2])
+
+
+@pytest.mark.parametrize("arch", ["dd", "decoder_only"])
+def test_cached_generation_with_the_authors_trunk(arch):
+  """The paper configs' trunk (GELU 4d, final LayerNorm, xavier init, no document masking, μP
+  m = 2): cached generation equals recomputation for the double decoder (dd_decode) and for the
+  decoder-only baseline (nsl.decode, whose head reads the LayerNorm)."""
+  from nsl import config as nsl_config
+  from nsl import decode
+
+  c = nsl_config.load_config(f"configs/dd.py:{arch}_tiny", [("data.seq_len", "48")])
+  family = registry.get_family(c)
+  params = jax.jit(lambda r: nn.unbox(family.init(r)))(jax.random.PRNGKey(0))
+  prompt = jnp.asarray(np.random.default_rng(2).integers(1, 4096, (2, 9)), jnp.int32)
+  cached, uncached = (dd_decode.generate, dd_decode.generate_uncached) if arch == "dd" else \
+      (decode.generate, decode.generate_uncached)
+  toks, logits = cached(family, params, prompt, 6)
+  ref_toks, ref_logits = uncached(family, params, prompt, 6)
+  np.testing.assert_array_equal(toks, ref_toks)
+  np.testing.assert_allclose(logits, ref_logits, rtol=1e-4, atol=1e-4)

@@ -90,8 +90,10 @@ def cmd_port(model: str, weights: str, batches: str) -> dict:
   return res
 
 
-def cmd_train(model: str, batches: str, out: str, weights: str | None, init_seed: int, steps: int) -> None:
-  """nsl's side: the family's model and loss, nsl's optimizer, the dumped batches and blocks."""
+def cmd_train(model: str, batches: str, out: str, weights: str | None, init_seed: int, steps: int,
+              rows: int = 0) -> None:
+  """nsl's side: the family's model and loss, nsl's optimizer, the dumped batches and blocks
+  (`rows` > 0: only each batch's first `rows` rows)."""
   import jax
   import jax.numpy as jnp
   import optax
@@ -106,6 +108,9 @@ def cmd_train(model: str, batches: str, out: str, weights: str | None, init_seed
   data = common.load_batches(batches)
   blocks = np.load(os.path.join(batches, "train_blocks.npy"))
   sed = np.load(os.path.join(batches, "sed_batches.npy")) if model == "sed" else None
+  if rows:
+    data = {k: v[:, :rows] for k, v in data.items()}
+    sed = None if sed is None else sed[:, :, :rows]
 
   @jax.jit
   def step(p, o, arrays_):
@@ -188,7 +193,7 @@ def cmd_fixture(a) -> None:
 
 def _peer(a, *args) -> None:
   cmd = ["nice", "-n", "10", a.peer_python, os.path.join(HERE, "peer_dd.py"), *args, f"--repo={a.repo}"]
-  if a.stubs:
+  if a.stubs is not None:
     cmd.append(f"--stubs={a.stubs}")
   subprocess.run(cmd, check=True)
 
@@ -218,9 +223,12 @@ def cmd_all(a) -> None:
       with open(os.path.join(a.out, f"{m}_port.json"), "w") as f:
         json.dump(port, f, indent=1)
       print(m, "port", json.dumps(port), flush=True)
-    jobs += [(m, "peer", "ported", ["--init=" + w, "--seed=0"]), (m, "nsl", "ported", ["--weights=" + w])]
-  own = {m: [(m, side, f"seed{s}", [f"--seed={s}"] if side == "peer" else [f"--init_seed={s}"])
-             for s in seeds for side in ("peer", "nsl")] for m in a.models}
+    r = a.ported_rows.get(m, 0)
+    rows = [f"--rows={r}"] if r else []
+    jobs += [(m, "peer", ported_tag(r), ["--init=" + w, "--seed=0", *rows]),
+             (m, "nsl", ported_tag(r), ["--weights=" + w, *rows])]
+  own = {m: [(m, side, own_tag(s, a.own_rows), ([f"--seed={s}"] if side == "peer" else [f"--init_seed={s}"])
+              + [f"--rows={a.own_rows}"]) for s in seeds for side in ("peer", "nsl")] for m in a.models}
   # the first model's own-init seeds right after its ported runs, then the others' ported runs
   jobs = jobs[:2] + own[a.models[0]] + jobs[2:] + [j for m in a.models[1:] for j in own[m]]
   for m, side, tag, extra in jobs:
@@ -232,38 +240,54 @@ def cmd_all(a) -> None:
       _peer(a, "train", f"--lr={lr[m]}", *common_args)
     else:
       _self("train", *common_args)
-  print(json.dumps(summary(a.out, a.models, seeds, a.steps), indent=1))
+  print(json.dumps(summary(a.out, a.models, seeds, a.steps, a.own_rows, a.ported_rows), indent=1))
 
 
-def summary(out: str, models, seeds, steps: int) -> dict:
+def own_tag(seed: int, rows: int) -> str:
+  return f"seed{seed}" + (f"_rows{rows}" if rows else "")
+
+
+def ported_tag(rows: int) -> str:
+  return "ported" + (f"_rows{rows}" if rows else "")
+
+
+def parse_rows(spec: str) -> dict[str, int]:
+  """"dec:4,sed:4" -> {"dec": 4, "sed": 4}."""
+  return {m: int(r) for m, _, r in (part.partition(":") for part in spec.split(",") if part)}
+
+
+def summary(out: str, models, seeds, steps: int, own_rows: int = 0, ported_rows=None) -> dict:
   res = {}
   for m in models:
     r = {}
     if os.path.exists(os.path.join(out, f"{m}_port.json")):
       with open(os.path.join(out, f"{m}_port.json")) as f:
         r["port"] = json.load(f)
-    c = {k: os.path.join(out, f"{m}_{k}.jsonl") for k in ("peer_ported", "nsl_ported")}
+    pr = (ported_rows or {}).get(m, 0)
+    c = {k: os.path.join(out, f"{m}_{k}_{ported_tag(pr)}.jsonl") for k in ("peer", "nsl")}
     if all(common.finished(p, steps) for p in c.values()):
-      gap = common.paired_gap(common.read_curve(c["nsl_ported"]), common.read_curve(c["peer_ported"]), 1, steps)
+      gap = common.paired_gap(common.read_curve(c["nsl"]), common.read_curve(c["peer"]), 1, steps)
       gap["pass"] = gap["mean_abs"] <= MEAN_TOL and gap["worst_abs"] <= WORST_TOL
+      gap["rows_per_batch"] = pr or "all"
       r["ported"] = gap
     sides = {}
     for side in ("nsl", "peer"):
-      curves = {s: common.read_curve(os.path.join(out, f"{m}_{side}_seed{s}.jsonl")) for s in seeds
-                if common.finished(os.path.join(out, f"{m}_{side}_seed{s}.jsonl"), steps)}
+      files = {s: os.path.join(out, f"{m}_{side}_{own_tag(s, own_rows)}.jsonl") for s in seeds}
+      curves = {s: common.read_curve(f) for s, f in files.items() if common.finished(f, steps)}
       if len(curves) == len(seeds):
         sides[side] = common.seed_stats(curves, *WINDOW)
     if len(sides) == 2:
       r["own_init"] = {side: {k: v for k, v in st.items() if k != "mean_curve"} for side, st in sides.items()}
+      r["own_init"]["rows_per_batch"] = own_rows or "all"
       r["own_init"]["nsl_minus_theirs"] = common.compare(sides["nsl"], sides["peer"], *WINDOW)
     res[m] = r
   with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump(res, f, indent=1)
-  plot(out, models, seeds, steps)
+  plot(out, models, seeds, steps, own_rows, ported_rows or {})
   return res
 
 
-def plot(out: str, models, seeds, steps: int) -> None:
+def plot(out: str, models, seeds, steps: int, own_rows: int = 0, ported_rows=None) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -272,7 +296,7 @@ def plot(out: str, models, seeds, steps: int) -> None:
   for j, m in enumerate(models):
     ax = axes[0, j]
     for side, col in (("peer", "tab:blue"), ("nsl", "tab:orange")):
-      p = os.path.join(out, f"{m}_{side}_ported.jsonl")
+      p = os.path.join(out, f"{m}_{side}_{ported_tag((ported_rows or {}).get(m, 0))}.jsonl")
       if os.path.exists(p):
         cur = common.read_curve(p)
         ax.plot(list(cur), list(cur.values()), color=col, lw=1, label=f"{'theirs' if side == 'peer' else 'nsl'}")
@@ -281,12 +305,12 @@ def plot(out: str, models, seeds, steps: int) -> None:
     ax = axes[1, j]
     for side, col in (("peer", "tab:blue"), ("nsl", "tab:orange")):
       for s in seeds:
-        p = os.path.join(out, f"{m}_{side}_seed{s}.jsonl")
+        p = os.path.join(out, f"{m}_{side}_{own_tag(s, own_rows)}.jsonl")
         if os.path.exists(p):
           cur = common.read_curve(p)
           ax.plot(list(cur), list(cur.values()), color=col, lw=0.7, alpha=0.7,
                   label=f"{'theirs' if side == 'peer' else 'nsl'}" if s == seeds[0] else None)
-    ax.set_title(f"{m}: own init, seeds {seeds[0]}-{seeds[-1]}", fontsize=9)
+    ax.set_title(f"{m}: own init, seeds {seeds[0]}-{seeds[-1]}" + (f", {own_rows} rows" if own_rows else ""), fontsize=9)
     ax.set_xlabel("step")
     ax.legend(fontsize=8)
     for ax in axes[:, j]:
@@ -304,10 +328,15 @@ def main():
   p.add_argument("--data", default="data/sotu-bpe4k")
   p.add_argument("--repo", help="a clone of the authors' repository (all)")
   p.add_argument("--peer_python", help="the torch venv's python (all)")
-  p.add_argument("--stubs", default=None, help="the torchtune stand-in directory for peer_dd.py")
+  p.add_argument("--stubs", default=None, help="peer_dd.py's --stubs (default: its tools/xcheck/peer_stubs)")
   p.add_argument("--models", default="dd,dec,sed")
   p.add_argument("--seeds", default="0-2")
   p.add_argument("--sides", default="peer,nsl", help="all: whose runs to do (peer, nsl or both)")
+  p.add_argument("--own_rows", type=int, default=4,
+                 help="all/summary: the own-init runs train on each batch's first N rows (0: all 16)")
+  p.add_argument("--rows", type=int, default=0, help="train: each batch's first N rows (0: all)")
+  p.add_argument("--ported_rows", default="dec:4,sed:4",
+                 help="all/summary: MODEL:N, the ported runs of MODEL train on each batch's first N rows")
   p.add_argument("--steps", type=int, default=STEPS)
   p.add_argument("--model", choices=tuple(dd_port.CONFIGS))
   p.add_argument("--batches", help="port/train: the dump directory")
@@ -315,6 +344,7 @@ def main():
   p.add_argument("--init_seed", type=int, default=0)
   a = p.parse_args()
   a.models = [m for m in a.models.split(",") if m]
+  a.ported_rows = parse_rows(a.ported_rows)
   if a.cmd in ("all", "fixture"):
     if not (a.repo and a.peer_python):
       p.error(f"{a.cmd} needs --repo and --peer_python")
@@ -328,9 +358,10 @@ def main():
   elif a.cmd == "port":
     print(json.dumps(cmd_port(a.model, a.weights, a.batches)))
   elif a.cmd == "train":
-    cmd_train(a.model, a.batches, a.out, a.weights, a.init_seed, a.steps)
+    cmd_train(a.model, a.batches, a.out, a.weights, a.init_seed, a.steps, a.rows)
   else:
-    print(json.dumps(summary(a.out, a.models, common.parse_seeds(a.seeds), a.steps), indent=1))
+    print(json.dumps(summary(a.out, a.models, common.parse_seeds(a.seeds), a.steps, a.own_rows, a.ported_rows),
+                     indent=1))
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ base head size 64, xavier-uniform init, SED with 3/4 of the decoder layers), the
 (`build_scheduler`: 5% warmup, linear decay to 10%); their collators make the labels (and SED's
 span corruption). Their script imports `datasets` and `transformers` at module level for data
 loading this driver never does: both are stubbed in sys.modules. torchtune is needed for RoPE
-(`pip install --no-deps torchtune==0.6.0`; its package import wants torchao's nf4tensor, so pass
---stubs=DIR with a `torchtune.modules` that loads torchtune's position_embeddings.py alone).
+(`pip install --no-deps torchtune==0.6.0`; its package import wants torchao's nf4tensor, so by
+default --stubs=tools/xcheck/peer_stubs puts first on the path a `torchtune.modules` that loads
+torchtune's own position_embeddings.py alone).
 
   init  --model=dd|dec|sed --seed=S --batches=DIR --out=W.npz   their fresh weights (state_dict)
         plus their logits and loss on DIR/check_*.npy (the port check's reference)
@@ -132,6 +133,9 @@ def cmd_train(a, ps):
   toks = np.load(os.path.join(a.batches, "train_tokens.npy"))
   blocks = np.load(os.path.join(a.batches, "train_blocks.npy"))
   sed = np.load(os.path.join(a.batches, "sed_batches.npy")) if a.model == "sed" else None
+  if a.rows:  # only each batch's first rows (the own-init runs: docs/xcheck/dd.md)
+    toks = toks[:, :a.rows]
+    sed = None if sed is None else sed[:, :, :a.rows]
   tmp = a.out + ".part"
   t0 = time.time()
   with open(tmp, "w") as f:
@@ -185,7 +189,8 @@ def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("cmd", choices=("init", "train", "sed_batches"))
   p.add_argument("--repo", required=True, help="a clone of the authors' repository")
-  p.add_argument("--stubs", default=None, help="a directory with a torchtune.modules stand-in (see the docstring)")
+  p.add_argument("--stubs", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_stubs"),
+                 help="a directory with a torchtune.modules stand-in (default tools/xcheck/peer_stubs; '' for the real one)")
   p.add_argument("--model", default="sed", choices=("dd", "dec", "sed"))
   p.add_argument("--batches", required=True)
   p.add_argument("--seed", type=int, default=0, help="torch.manual_seed before building the model")
@@ -195,6 +200,7 @@ def main():
   p.add_argument("--lr", type=float, default=0.01)
   p.add_argument("--wd", type=float, default=0.5)
   p.add_argument("--threads", type=int, default=1)
+  p.add_argument("--rows", type=int, default=0, help="train: each batch's first N rows (0: all)")
   p.add_argument("--out", default=None)
   p.add_argument("--dim", type=int, default=DIM)
   p.add_argument("--enc", type=int, default=ENC)
