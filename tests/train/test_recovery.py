@@ -1,9 +1,16 @@
 """Interrupted writes and concurrency: damaged checkpoints, partial records, kills between the
-final writes, carried counters, the workdir lock, SIGTERM while compiling, a full disk."""
+final writes, SIGKILL mid-training and during an asynchronous save, carried counters, the workdir
+lock, SIGTERM while compiling, a full disk.
+
+Runs use the default CPU kernels on one device, as a user's CPU run does (`tests/train/bitwise.py`),
+and a resumed run must end in the same bits as an uninterrupted one: its state digest, metrics and
+evaluation, not approximately (docs/guide/determinism.md).
+"""
 
 import glob
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -17,7 +24,9 @@ from nsl import launch
 from nsl.errors import NslError
 from nsl.models.transformer import StandardFamily
 from nsl.train import loop
-from tests.helpers import ROOT, make_corpus, tiny_config
+from tests.helpers import ROOT, SUBPROCESS_XLA_FLAGS, make_corpus
+from tests.train import bitwise
+from tests.train.bitwise import kernel_config
 
 
 @pytest.fixture(scope="module")
@@ -25,11 +34,25 @@ def data_dir(tmp_path_factory):
   return make_corpus(str(tmp_path_factory.mktemp("corpus")), n=4, chars=3000)
 
 
+def _trainer(config, workdir, **kwargs):
+  return loop.Trainer(config, str(workdir), progress=False, devices=bitwise.one_device(), **kwargs)
+
+
 @pytest.fixture(scope="module")
 def finished(data_dir, tmp_path_factory):
   """A finished 6-step run with checkpoints at steps 3 and 6 (copied by each test)."""
   workdir = str(tmp_path_factory.mktemp("runs") / "base")
-  loop.Trainer(tiny_config(data_dir), workdir, progress=False).run()
+  trainer = _trainer(kernel_config(data_dir), workdir)
+  bitwise.assert_default_kernels(trainer.program)
+  trainer.run()
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_8(data_dir, tmp_path_factory):
+  """The 8-step run that a resumed `finished` must equal bit for bit."""
+  workdir = str(tmp_path_factory.mktemp("runs") / "eight")
+  _trainer(kernel_config(data_dir, **{"train.steps": 8}), workdir).run()
   return workdir
 
 
@@ -40,10 +63,10 @@ def _copy(finished, tmp_path, name="run"):
 
 
 def _cfg_file(tmp_path, data_dir, overrides=None):
-  """A config file for the CLI: tests.helpers.tiny_config on `data_dir` with `overrides`."""
+  """A config file for the CLI: `bitwise.kernel_config` on `data_dir` with `overrides`."""
   cfg = tmp_path / "cfg.py"
-  cfg.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom tests.helpers import tiny_config\n"
-                 f"def get_config():\n  return tiny_config({data_dir!r}, **{overrides or {}!r})\n")
+  cfg.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom tests.train.bitwise import kernel_config\n"
+                 f"def get_config():\n  return kernel_config({data_dir!r}, **{overrides or {}!r})\n")
   return cfg
 
 
@@ -64,7 +87,8 @@ def _largest_array_file(step_dir):
 
 @pytest.mark.parametrize("damage", ["array file", "_METADATA", "iterator state", "meta item",
                                     "truncated manifest.ocdbt", "empty step dir"])
-def test_damaged_newest_checkpoint_falls_back_with_one_warning(data_dir, finished, tmp_path, capfd, damage):
+def test_damaged_newest_checkpoint_falls_back_with_one_warning(data_dir, finished, uninterrupted_8, tmp_path, capfd,
+                                                               damage):
   workdir = _copy(finished, tmp_path)
   step6 = os.path.join(workdir, "checkpoints", "6")
   {"array file": lambda: os.remove(_largest_array_file(step6)),
@@ -74,12 +98,16 @@ def test_damaged_newest_checkpoint_falls_back_with_one_warning(data_dir, finishe
    "truncated manifest.ocdbt": lambda: open(os.path.join(step6, "state", "manifest.ocdbt"), "r+b").truncate(10),
    "empty step dir": lambda: (shutil.rmtree(step6), os.makedirs(step6))}[damage]()
   capfd.readouterr()
-  result = loop.Trainer(tiny_config(data_dir, **{"train.steps": 8}), workdir, progress=False).run()
+  result = _trainer(kernel_config(data_dir, **{"train.steps": 8}), workdir).run()
   warnings = [l for l in capfd.readouterr().err.splitlines() if l.startswith("nsl: warning")]
   assert len(warnings) == 1 and "checkpoints/6 is damaged" in warnings[0] and "step 3" in warnings[0], warnings
   assert result["status"] == "done" and result["steps"] == 8
   assert os.path.isdir(os.path.join(workdir, "checkpoints", "6.damaged"))
   assert _train_steps(workdir) == list(range(1, 9))  # steps 4-6 replayed, logged once
+  # Steps 1-3 of the 6-step run have the 8-step run's learning rates (warmup, then constant), so
+  # the resumed run is the uninterrupted 8-step run, bit for bit.
+  assert bitwise.result(workdir) == bitwise.result(uninterrupted_8)
+  assert bitwise.metrics(workdir) == bitwise.metrics(uninterrupted_8)
 
 
 def test_every_checkpoint_damaged_is_one_line_naming_the_directory(data_dir, finished, tmp_path, capsys):
@@ -97,8 +125,7 @@ def test_restore_from_a_damaged_run_uses_its_newest_complete_step(data_dir, fini
   os.remove(_largest_array_file(os.path.join(source, "checkpoints", "6")))
   capfd.readouterr()
   from nsl import checkpoint
-  trainer = loop.Trainer(tiny_config(data_dir), str(tmp_path / "new"), restore_from=source,
-                         progress=False)
+  trainer = _trainer(kernel_config(data_dir), tmp_path / "new", restore_from=source)
   _, step = checkpoint.restore_params(source, trainer.abstract_state)
   warnings = [l for l in capfd.readouterr().err.splitlines() if l.startswith("nsl: warning")]
   assert step == 3 and len(warnings) == 1 and "checkpoints/6 is damaged" in warnings[0], warnings
@@ -113,14 +140,14 @@ def test_restore_from_a_damaged_run_uses_its_newest_complete_step(data_dir, fini
 def test_resume_checks_every_field_that_fixes_the_model_or_data(data_dir, finished, tmp_path, override, field):
   workdir = _copy(finished, tmp_path)
   with pytest.raises(loop.ConfigError, match=f"config.{field}=.* differs from the checkpoint"):
-    loop.Trainer(tiny_config(data_dir, **{"train.steps": 8, **override}), workdir, progress=False).run()
+    _trainer(kernel_config(data_dir, **{"train.steps": 8, **override}), workdir).run()
 
 
 def test_resume_may_change_the_documented_fields(data_dir, finished, tmp_path):
   workdir = _copy(finished, tmp_path)
   changed = {"train.steps": 7, "train.log_every": 2, "train.eval_every": 5, "checkpoint.every": 7,
              "checkpoint.keep": 2, "model.attention_chunk": 32, "model.remat": "full"}
-  result = loop.Trainer(tiny_config(data_dir, **changed), workdir, progress=False).run()
+  result = _trainer(kernel_config(data_dir, **changed), workdir).run()
   assert result["status"] == "done" and result["steps"] == 7
 
 
@@ -130,11 +157,13 @@ def test_partial_metrics_line_is_dropped_on_resume(data_dir, finished, tmp_path)
   os.remove(os.path.join(workdir, "result.json"))
   with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
     f.write('{"step": 7, "loss": 1.2')  # a write cut by the kill
-  result = loop.Trainer(tiny_config(data_dir), workdir, progress=False).run()
+  result = _trainer(kernel_config(data_dir), workdir).run()
   assert result["status"] == "done"
   assert _train_steps(workdir) == list(range(1, 7))
   for line in open(os.path.join(workdir, "metrics.jsonl")):
     json.loads(line)
+  assert bitwise.metrics(workdir) == bitwise.metrics(finished)  # steps 4-6 replayed to the same bits
+  assert bitwise.result(workdir) == bitwise.result(finished)
 
 
 def test_kill_between_final_checkpoint_and_result_is_rewritten_from_the_state(data_dir, finished, tmp_path):
@@ -142,14 +171,15 @@ def test_kill_between_final_checkpoint_and_result_is_rewritten_from_the_state(da
   before = json.load(open(os.path.join(workdir, "result.json")))
   os.remove(os.path.join(workdir, "result.json"))
   lines_before = open(os.path.join(workdir, "metrics.jsonl")).read()
-  after = loop.Trainer(tiny_config(data_dir), workdir, progress=False).run()
+  after = _trainer(kernel_config(data_dir), workdir).run()
   assert after["status"] == "done" and after["final_loss"] == before["final_loss"] is not None
   assert after["eval"] == before["eval"] and after["nonfinite_steps"] == before["nonfinite_steps"]
+  assert after["state_sha256"] == before["state_sha256"] is not None  # rewritten from the same bits
   assert _strict_json(os.path.join(workdir, "result.json"))["final_loss"] == before["final_loss"]
   assert open(os.path.join(workdir, "metrics.jsonl")).read() == lines_before  # nothing re-logged
   # A stale result.json (e.g. "preempted" from an earlier attempt) is rewritten too.
   json.dump({"status": "preempted", "final_loss": None}, open(os.path.join(workdir, "result.json"), "w"))
-  again = loop.Trainer(tiny_config(data_dir), workdir, progress=False).run()
+  again = _trainer(kernel_config(data_dir), workdir).run()
   assert _strict_json(os.path.join(workdir, "result.json"))["final_loss"] == before["final_loss"] == again["final_loss"]
 
 
@@ -167,19 +197,20 @@ def _poison(monkeypatch, steps):
 
 
 def test_nonfinite_count_is_exact_and_carried_across_a_resume(data_dir, tmp_path, monkeypatch):
-  config = tiny_config(data_dir, **{"train.steps": 8, "train.log_every": 3, "checkpoint.every": 100})
+  config = kernel_config(data_dir, **{"train.steps": 8, "train.log_every": 3, "checkpoint.every": 100})
   _poison(monkeypatch, (1, 4, 6))  # optimizer steps 1, 4, 6 (0-based) are non-finite
-  full = loop.Trainer(config, str(tmp_path / "full"), progress=False).run()
+  full = _trainer(config, tmp_path / "full").run()
   assert full["nonfinite_steps"] == 3  # counted every step, not only on logged ones
   with monkeypatch.context() as m:
     m.setattr(loop._Preemption, "should_stop", lambda self, step: step == 5)
-    first = loop.Trainer(config, str(tmp_path / "cut"), progress=False).run()
+    first = _trainer(config, tmp_path / "cut").run()
   assert first["status"] == "preempted" and first["nonfinite_steps"] == 2
-  trainer = loop.Trainer(config, str(tmp_path / "cut"), progress=False)
+  trainer = _trainer(config, tmp_path / "cut")
   wall0, cpu0 = time.time(), time.process_time()
   resumed = trainer.run()
   own = {"wall_time_sec": time.time() - wall0, "cpu_time_sec": time.process_time() - cpu0}
   assert resumed["status"] == "done" and resumed["nonfinite_steps"] == 3
+  assert resumed["state_sha256"] == full["state_sha256"]  # skipped steps replayed as skipped
   # Wall and CPU seconds are carried too: the resumed record counts the first attempt's (up to its
   # checkpoint) on top of this attempt's own, which alone is at most what `run()` took here.
   for key, spent in own.items():
@@ -189,8 +220,7 @@ def test_nonfinite_count_is_exact_and_carried_across_a_resume(data_dir, tmp_path
 def test_nan_loss_writes_valid_json(data_dir, tmp_path, monkeypatch):
   _poison(monkeypatch, range(20))
   workdir = str(tmp_path / "run")
-  result = loop.Trainer(tiny_config(data_dir, **{"train.steps": 5, "train.max_nonfinite": 100}), workdir,
-                        progress=False).run()
+  result = _trainer(kernel_config(data_dir, **{"train.steps": 5, "train.max_nonfinite": 100}), workdir).run()
   saved = _strict_json(os.path.join(workdir, "result.json"))
   assert result["nonfinite_steps"] == 5 and saved["final_loss"] is None and saved["nonfinite_steps"] == 5
 
@@ -213,11 +243,11 @@ def test_second_trainer_on_a_workdir_refuses_and_stale_locks_are_taken_over(data
     holder.kill()
     holder.wait()
   # The holder is gone: its lock is stale and the next trainer takes it over (and releases it).
-  result = loop.Trainer(tiny_config(data_dir, **{"train.steps": 4}), str(workdir), progress=False).run()
+  result = _trainer(kernel_config(data_dir, **{"train.steps": 4}), workdir).run()
   assert result["status"] == "done" and not (workdir / WorkdirLock.NAME).exists()
 
 
-def test_sigterm_while_compiling_leaves_a_preempted_record(data_dir, tmp_path, monkeypatch):
+def test_sigterm_while_compiling_leaves_a_preempted_record(data_dir, finished, tmp_path, monkeypatch):
   original = loop.prepare_data
 
   def terminated(config):
@@ -226,11 +256,12 @@ def test_sigterm_while_compiling_leaves_a_preempted_record(data_dir, tmp_path, m
 
   monkeypatch.setattr(loop, "prepare_data", terminated)
   workdir = str(tmp_path / "run")
-  result = loop.Trainer(tiny_config(data_dir), workdir, progress=False).run()
+  result = _trainer(kernel_config(data_dir), workdir).run()
   assert result["status"] == "preempted" and result["steps"] == 0
   assert _strict_json(os.path.join(workdir, "result.json"))["status"] == "preempted"
   monkeypatch.undo()
-  assert loop.Trainer(tiny_config(data_dir), workdir, progress=False).run()["status"] == "done"
+  assert _trainer(kernel_config(data_dir), workdir).run()["status"] == "done"
+  assert bitwise.result(workdir) == bitwise.result(finished)
 
 
 def test_disk_full_while_training_is_one_line(data_dir, tmp_path, capsys):
@@ -294,3 +325,46 @@ def test_restore_from_another_architecture_is_one_line(data_dir, finished, tmp_p
   assert launch.main([f"--config={cfg}", f"--workdir={tmp_path / 'new'}", f"--restore_from={finished}", "--quiet"]) == 2
   errors = [l for l in capsys.readouterr().err.splitlines() if l.startswith("nsl: error")]
   assert len(errors) == 1 and "does not match this model" in errors[0], errors
+
+
+def _launch(cfg, workdir):
+  """The CLI on one CPU device, as a user starts it, in its own process group (to SIGKILL)."""
+  return subprocess.Popen([sys.executable, "-m", "nsl.launch", f"--config={cfg}", f"--workdir={workdir}", "--quiet"],
+                          cwd=ROOT, env=dict(os.environ, XLA_FLAGS=SUBPROCESS_XLA_FLAGS),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _kill_when(proc, ready, what, timeout=300):
+  """SIGKILLs proc's group the moment `ready()` holds; fails if proc ends first."""
+  deadline = time.time() + timeout
+  while not ready():
+    assert proc.poll() is None, f"the run ended before {what}: {proc.stdout.read().decode()[-3000:]}"
+    assert time.time() < deadline, f"no {what} within {timeout} s"
+    time.sleep(0.005)
+  os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait()
+
+
+@pytest.mark.slow
+def test_sigkill_mid_training_and_during_an_async_save_resumes_to_the_same_bits(data_dir, tmp_path):
+  """Killed at a random step, restarted, killed again while an asynchronous save is being written,
+  restarted to the end: the final state, metrics and evaluation equal an uninterrupted run's."""
+  overrides = {"train.steps": 10, "checkpoint.every": 2, "checkpoint.async_save": True, "train.eval_every": 5}
+  cfg = _cfg_file(tmp_path, data_dir, overrides)
+  reference = tmp_path / "reference"
+  proc = _launch(cfg, reference)
+  assert proc.wait(timeout=600) == 0, proc.stdout.read().decode()[-3000:]
+
+  run, step = tmp_path / "killed", random.Random(os.getpid()).randint(1, 7)
+  metrics = run / "metrics.jsonl"
+  logged = lambda: metrics.exists() and f'"step": {step},' in metrics.read_text()  # a train line
+  _kill_when(_launch(cfg, run), logged, f"step {step}")
+  in_flight = lambda: set(glob.glob(str(run / "checkpoints" / "*tmp*")))  # Orbax's unfinished step directories
+  left = in_flight()  # by the first kill
+  _kill_when(_launch(cfg, run), lambda: bool(in_flight() - left), "an asynchronous save")
+  proc = _launch(cfg, run)
+  out = proc.communicate(timeout=600)[0].decode()
+  assert proc.returncode == 0, out[-3000:]
+  assert bitwise.result(run)["status"] == "done"
+  assert bitwise.result(run) == bitwise.result(reference), f"killed at step {step}"
+  assert bitwise.metrics(run) == bitwise.metrics(reference)
