@@ -172,15 +172,17 @@ def fit_source(ps: PointSet, *, baseline: str | None = None, n_boot: int = 200, 
 
 
 # -- the printed table ---------------------------------------------------------------------------
-def _g(v, fmt=".3g") -> str:
+def _g(v, fmt=".3g", zero=0.0) -> str:
   if v is None:
     return "-"
-  return f"{0.0 if abs(v) < 1e-12 else v:{fmt}}"  # a least-squares 0 prints as 0, not -2.9e-16
+  return f"{0.0 if abs(v) < zero else v:{fmt}}"
 
 
 def _with_ci(res: dict, key: str, fmt=".3g") -> str:
+  # an exponent fitted by least squares prints 0, not -2.9e-16; E, A, B keep every digit
+  zero = 1e-12 if key.endswith("exponent") else 0.0
   ci = res.get("ci", {}).get(key)
-  return _g(res.get(key), fmt) + (f" [{_g(ci[0], fmt)}, {_g(ci[1], fmt)}]" if ci else "")
+  return _g(res.get(key), fmt, zero) + (f" [{_g(ci[0], fmt, zero)}, {_g(ci[1], fmt, zero)}]" if ci else "")
 
 
 def _verdict(res: dict) -> str:
