@@ -19,8 +19,10 @@ left out (`xla_flops_exclude` says so).
 Roofline (docs/guide/accelerators.md): the chip's published peak bf16 FLOP/s and HBM bandwidth
 (`nsl.topology.CHIPS`) bound the step from below, `roofline_step_seconds = max(compute, memory)`
 with compute = max(XLA's FLOPs, the analytic FLOPs) / chips / peak (both are work the step must
-do) and memory = XLA's bytes accessed per chip / bandwidth; `roofline_mfu` = analytic FLOPs /
-(chips × peak × that time) is the model-FLOPs utilisation no run of this compiled step can beat.
+do: a strict floor) and memory = XLA's estimate of bytes accessed per chip / bandwidth (its cost
+model's traffic for the program as compiled, not a proven minimum); `roofline_mfu` = analytic
+FLOPs / (chips × peak × that time) is the model-FLOPs utilisation this compiled step can reach
+at best under those figures.
 """
 
 from __future__ import annotations
