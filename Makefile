@@ -31,7 +31,7 @@ demo: $(STAMP)
 # Two workers (CI has 2 cores); a test file stays on one worker so its module fixtures run once.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(VENV)/site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $(VENV)/site
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests
 
 # The documentation site (mkdocs.yml, docs/): served with live reload at http://127.0.0.1:8000.
