@@ -21,6 +21,15 @@ SIZES = ("tiny", "xs", "s", "m", "l", "xl")
 ARGS = tuple(f"{v}_{s}" for v in VARIANTS for s in SIZES)
 
 
+def authors_init(c):
+  """The SPS authors' initialisation (their code, for SPS and standard alike): every matrix
+  N(0, init_std), the attention output at init_std/sqrt(2·layers), the SwiGLU down projection NOT
+  scaled (their down_proj is not one of nanoGPT's c_proj). nsl's trunk scales both; at sps_tiny the
+  cross-check against their code measured the difference (docs/xcheck/sps.md).
+  `--config.model.scaled_mlp_out_init=true` gives nsl's earlier init."""
+  c.model.scaled_mlp_out_init = False
+
+
 def variant_config(variant: str, family: str = "sps"):
   """The tiny setting: a narrower configs/tiny.py (d 128, 4 layers, 128 tokens = 256 slots) with
   a window of 16 tokens, 240 steps of 16 sequences: about 1.2 s a step for SPS on 2 busy CPU
@@ -36,6 +45,7 @@ def variant_config(variant: str, family: str = "sps"):
   # the same for every variant (standard included) so the five differ only in the variant.
   c.model.vocab_size = 4160
   c.model.window = None if variant in ("twox_memory", "standard") else 16
+  authors_init(c)
   # Pinned (it is also nsl.models.sps.DEFAULT_LAYOUT): the CPU study's cells ran stream-major,
   # and the grid keys its cells by the config, so a later change of the default cannot re-key them.
   if family == "sps":
@@ -54,6 +64,7 @@ def variant_config(variant: str, family: str = "sps"):
 def ladder_config(variant: str, size: str):
   """A ladder size with the paper's recipe; the SPS variants with the temporary window w = 64."""
   c = base.paper_recipe(base.get_config(), size)
+  authors_init(c)
   if variant == "standard":
     return c
   c.family = "sps"

@@ -50,6 +50,10 @@ class Dims:
   # Output projections (attention out, MLP down) start at std/sqrt(2·layers) (GPT-2); False: at
   # std like every other matrix (NextLat's authors, docs/xcheck/nextlat.md).
   scaled_out_init: bool = True
+  # With scaled_out_init, False leaves the MLP's down projection at std (the attention output
+  # stays scaled): the SPS authors' model, whose SwiGLU down_proj misses nanoGPT's c_proj scaling
+  # (docs/xcheck/sps.md).
+  scaled_mlp_out_init: bool = True
   mup_base_head_dim: int = 64  # μP attention: scores q·k·sqrt(this)/d_head (1: q·k/d_head)
   mup_readout: str = "sqrt"  # μP logits × 1/sqrt(m) ("sqrt") or × 1/m ("linear")
   mlp: str = "swiglu"  # MLPS
@@ -129,10 +133,12 @@ def _init(std: float, axes: tuple[str | None, ...]):
   return nn.with_logical_partitioning(nn.initializers.normal(stddev=std), axes)
 
 
-def residual_out_std(dims: "Dims", std: float) -> float:
+def residual_out_std(dims: "Dims", std: float, mlp: bool = False) -> float:
   """Init std of a residual branch's output projection: std/sqrt(2·layers) (GPT-2's residual
-  scaling), or std itself with `dims.scaled_out_init` off."""
-  return std / math.sqrt(2 * dims.n_layers) if dims.scaled_out_init else std
+  scaling), or std itself with `dims.scaled_out_init` off (or, for the MLP's, with
+  `dims.scaled_mlp_out_init` off)."""
+  scaled = dims.scaled_out_init and (dims.scaled_mlp_out_init or not mlp)
+  return std / math.sqrt(2 * dims.n_layers) if scaled else std
 
 
 def weight_init(dims: "Dims", std: float, axes: tuple[str | None, ...], fans: tuple[int, int]):
@@ -359,7 +365,7 @@ class SwiGLU(nn.Module):
     d, f, std = self.dims.d_model, self.dims.d_ff, self.dims.hidden_std
     w_gate = self.param("w_gate", weight_init(self.dims, std, ("embed", "mlp"), (d, f)), (d, f))
     w_up = self.param("w_up", weight_init(self.dims, std, ("embed", "mlp"), (d, f)), (d, f))
-    w_down = self.param("w_down", weight_init(self.dims, residual_out_std(self.dims, std), ("mlp", "embed"),
+    w_down = self.param("w_down", weight_init(self.dims, residual_out_std(self.dims, std, mlp=True), ("mlp", "embed"),
                                               (f, d)), (f, d))
     hidden = jax.nn.silu(dense(x_BSD, w_gate)) * dense(x_BSD, w_up)
     hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
@@ -377,7 +383,7 @@ class GeluMLP(nn.Module):
     d, std = self.dims.d_model, self.dims.hidden_std
     f = self.hidden or self.dims.d_ff
     w_in = self.param("w_in", weight_init(self.dims, std, ("embed", "mlp"), (d, f)), (d, f))
-    w_out = self.param("w_out", weight_init(self.dims, residual_out_std(self.dims, std), ("mlp", "embed"),
+    w_out = self.param("w_out", weight_init(self.dims, residual_out_std(self.dims, std, mlp=True), ("mlp", "embed"),
                                             (f, d)), (f, d))
     h = jax.nn.gelu(dense(x_BSD, w_in), approximate=True)
     return dense(nn.with_logical_constraint(h, ("batch", "length", "mlp")), w_out)
