@@ -56,6 +56,12 @@ class _Mapper:
     return {"attn": self.attn(prefix + "self_attn.", True), "attn_norm": self.norm(prefix + "norm1"),
             "mlp_norm": self.norm(prefix + "norm2"), "mlp": self.mlp(prefix)}
 
+  def stack(self, prefix: str, n: int, final_norm: str):
+    """n of their BasicLayers and the LayerNorm after them -> nsl's layers.Stack."""
+    out = {f"block_{i}": self.basic(f"{prefix}.{i}.") for i in range(n)}
+    out["final_norm"] = self.norm(final_norm, bias=True)
+    return out
+
 
 def to_nsl(model: str, state, config) -> dict:
   """Their state_dict (a mapping of numpy arrays) -> nsl params for `config` (an *_tiny config)."""
@@ -63,23 +69,19 @@ def to_nsl(model: str, state, config) -> dict:
   mp = _Mapper(state, m.d_model, m.n_heads)
   n_layers = m.n_layers
   if model == "dec":
-    trunk = {f"block_{i}": mp.basic(f"layers.{i}.") for i in range(n_layers)}
-    trunk["final_norm"] = mp.norm("output_norm", bias=True)
-    params = {"trunk": trunk}
+    params = {"trunk": mp.stack("layers", n_layers, "output_norm")}
   elif model == "dd":
     gen = int(m.gen_layers)
-    ctx = {f"block_{i}": mp.basic(f"encoder_layers.{i}.") for i in range(n_layers - gen)}
-    ctx["final_norm"] = mp.norm("encoder_norm", bias=True)
-    params = {"context": ctx, "gen_norm": mp.norm("output_norm", bias=True)}
+    params = {"context": mp.stack("encoder_layers", n_layers - gen, "encoder_norm"),
+              "gen_norm": mp.norm("output_norm", bias=True)}
     for i in range(gen):
       p = f"decoder_layers.{i}."
       params[f"gen_{i}"] = {"combo": {"attn": mp.attn(p + "combo_attn.", False)},
                             "attn_norm": mp.norm(p + "norm1"), "mlp_norm": mp.norm(p + "norm2"), "mlp": mp.mlp(p)}
   elif model == "sed":
     dec = int(m.gen_layers)
-    enc = {f"block_{i}": mp.basic(f"encoder_layers.{i}.") for i in range(n_layers - dec)}
-    enc["final_norm"] = mp.norm("encoder_norm", bias=True)
-    params = {"encoder": enc, "dec_norm": mp.norm("output_norm", bias=True)}
+    params = {"encoder": mp.stack("encoder_layers", n_layers - dec, "encoder_norm"),
+              "dec_norm": mp.norm("output_norm", bias=True)}
     for i in range(dec):
       p = f"decoder_layers.{i}."
       params[f"dec_{i}"] = {"attn": mp.attn(p + "self_attn.", True), "cross": mp.attn(p + "cross_attn.", False),
