@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from nsl.errors import ConfigError
 from nsl.nn import attention, masks
 from nsl.kernels import decode_cpu
 
@@ -64,11 +65,9 @@ class Dims:
   def __post_init__(self):
     for field, allowed in (("mlp", MLPS), ("final_norm", FINAL_NORMS), ("init", INITS), ("mup_readout", READOUTS)):
       if getattr(self, field) not in allowed:
-        from nsl.errors import ConfigError
         raise ConfigError(f"config.model.{field}={getattr(self, field)!r} must be one of {allowed}")
     b = self.mup_base_head_dim
     if not isinstance(b, int) or isinstance(b, bool) or b < 1:
-      from nsl.errors import ConfigError
       raise ConfigError(f"config.model.mup_base_head_dim={b!r} must be a positive integer (the μP head size "
                         "at the base width: 64 in the double-decoder paper; 1 gives scores q·k/d_head)")
 
