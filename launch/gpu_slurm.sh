@@ -44,7 +44,9 @@ ${PARTITION:+#SBATCH --partition=$PARTITION}
 ${ACCOUNT:+#SBATCH --account=$ACCOUNT}
 #SBATCH --output=$workdir/slurm-%j.out
 set -euo pipefail
-coordinator=\$(scontrol show hostnames "\$SLURM_JOB_NODELIST" | head -n 1)
+# sed reads every host name: \`head -n 1\` would close the pipe early, and with pipefail
+# scontrol's SIGPIPE (exit 141) would end the job.
+coordinator=\$(scontrol show hostnames "\$SLURM_JOB_NODELIST" | sed -n 1p)
 args=($args)
 cd $(printf '%q' "$repo")
 # One task per node; SLURM_PROCID is each task's own, so the inner bash expands it there.

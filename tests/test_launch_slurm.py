@@ -35,8 +35,11 @@ def fake_cluster(tmp_path):
   record = tmp_path / "record"
   record.mkdir()
   _tool(bin_dir / "sbatch", f'cat > {record}/batch.sh\necho "Submitted batch job 4242"\n')
+  # scontrol: one host per line, a pause after the first as a real lookup may take, so a reader
+  # that stops after one line (head -n 1) makes the rest a SIGPIPE, which pipefail turns fatal.
   _tool(bin_dir / "scontrol", '[ "$1 $2" = "show hostnames" ] || exit 1\n'
-                              f'[ "$3" = "gpu-a[07-08],gpu-b01" ] || exit 1\nprintf "%s\\n" {" ".join(NODES)}\n')
+                              f'[ "$3" = "gpu-a[07-08],gpu-b01" ] || exit 1\necho {NODES[0]}\nsleep 0.3\n'
+                              f'printf "%s\\n" {" ".join(NODES[1:])}\n')
   # srun: record argv and environment, then run the command once per node as its task.
   _tool(bin_dir / "srun", f'''printf '%s\\0' "$@" > {record}/srun.argv
 env > {record}/srun.env
