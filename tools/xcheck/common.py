@@ -30,14 +30,16 @@ def dump_batches(config, out: str, steps: int) -> dict:
   the corpus prepared as the trainer prepares it, then the same `pipeline.make_train_iterator` call
   (data.path, data.seq_len, train.batch_size, seed), so an outside model trains on exactly nsl's
   tokens. Writes train_tokens.npy and train_segment.npy ([steps, batch, seq_len + 1] int32) and
-  batches.json (what was dumped); a directory that already holds the same dump is left as it is."""
+  batches.json (what was dumped); a directory that already holds the same dump (or a longer one)
+  is left as it is."""
   meta = {"data": os.path.abspath(config.data.path), "seq_len": int(config.data.seq_len),
           "batch": int(config.train.batch_size), "steps": int(steps), "seed": int(config.seed)}
   meta_path = os.path.join(out, "batches.json")
   if os.path.exists(meta_path) and all(os.path.exists(os.path.join(out, f)) for f in BATCH_FILES):
     with open(meta_path) as f:
-      if json.load(f) == meta:
-        return meta
+      old = json.load(f)
+    if {**old, "steps": steps} == meta and old["steps"] >= steps:  # a longer dump starts the same
+      return old
   from nsl.data import pipeline  # late: the torch venv imports this module without nsl
   from nsl.train import loop
 
