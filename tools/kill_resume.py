@@ -17,7 +17,6 @@ Exit status: 0 every trial bit-identical, 1 some differed, 2 bad arguments.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -29,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from nsl.errors import cli_main
+from nsl.errors import ArgumentParser, cli_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERRIDES = {"model.d_model": 64, "model.n_layers": 2, "model.n_heads": 4, "model.d_ff": 192,
@@ -150,7 +149,7 @@ def _trial(args, rng: random.Random, i: int, reference) -> bool | None:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="python tools/kill_resume.py", description=__doc__.split("\n")[0])
+  parser = ArgumentParser(prog="python tools/kill_resume.py", description=__doc__.split("\n")[0])
   parser.add_argument("--trials", type=int, default=10)
   parser.add_argument("--seed", type=int, default=0, help="seeds the kill moments (not the model)")
   parser.add_argument("--steps", type=int, default=40)
