@@ -29,16 +29,19 @@ def write_grid(path: Path, body: str) -> str:
 
 def test_tiny_grid_expansion_is_deterministic():
   cells = grid.expand(TINY_GRID)
-  assert len(cells) == 18  # 2 families x 3 sizes x 3 budgets
+  assert len(cells) == 18  # 2 families x 3 sizes x 3 compute levels
   assert len({c.run_id for c in cells}) == 18
   assert [c.run_id for c in grid.expand(TINY_GRID)] == [c.run_id for c in cells]
   assert {(c.family, c.variant) for c in cells} == {("standard", "standard"), ("sps", "sps")}
   assert {c.size for c in cells} == {"d32", "d48", "d64"}
-  assert sorted({c.steps for c in cells}) == [32, 64, 128]  # tokens / (16 x 64)
+  # IsoFLOP budgets: each width's steps spend the widest model's 16 / 32 / 64 steps of FLOPs
+  steps = {size: sorted(c.steps for c in cells if c.size == size and c.family == "standard")
+           for size in ("d32", "d48", "d64")}
+  assert steps == {"d32": [54, 108, 215], "d48": [27, 53, 107], "d64": [16, 32, 64]}
   first = cells[0]
-  assert first.run_id.startswith("standard-d32-32.8k-") and first.tokens == 32 * 16 * 64
+  assert first.run_id.startswith("standard-d32-55.3k-") and first.tokens == 54 * 16 * 64
   assert first.launch_args("/w")[:2] == [f"--config={os.path.join(ROOT, 'configs', 'tiny.py')}", "--workdir=/w"]
-  assert ("train.steps", "32") in first.overrides and ("model.window", "none") in first.overrides
+  assert ("train.steps", "54") in first.overrides and ("model.window", "none") in first.overrides
 
 
 def test_run_ids_are_a_hash_of_the_effective_config(tmp_path):
