@@ -69,12 +69,12 @@ chip = topology.chip_for_device(d.device_kind)
 print(json.dumps({"check": "environment", "jax": jax.__version__, "backend": jax.default_backend(),
                   "devices": jax.device_count(), "device_kind": d.device_kind,
                   "chip": chip and chip.name, "cudnn_available": cudnn.available()}))'
-step kernels $((170 * scale)) "$py" tools/gpu_check.py kernels "${kernel_args[@]}"
-step attention $((90 * scale)) bash -c 'set -o pipefail; "$0" "$@" | "$0" tools/gpu_check.py tag attention' "$py" \
+step kernels $((200 * scale)) "$py" tools/gpu_check.py kernels "${kernel_args[@]}"
+step attention $((80 * scale)) bash -c 'set -o pipefail; "$0" "$@" | "$0" tools/gpu_check.py tag attention' "$py" \
   -m nsl.bench.attention --rules=sps_stream_major,causal --impls=pallas_gpu,xla,cudnn --dtype=bfloat16 \
   "${attention_args[@]}"
 for config in standard_xs sps_xs; do
-  step "train_step_$config" $((90 * scale)) bash -c 'set -o pipefail; "$0" "$@" | "$0" tools/gpu_check.py mfu' "$py" \
+  step "train_step_$config" $((85 * scale)) bash -c 'set -o pipefail; "$0" "$@" | "$0" tools/gpu_check.py mfu' "$py" \
     -m nsl.bench.train_step --config="configs/sps.py:$config" --config.model.dtype=bfloat16 "${tiny[@]}"
 done
 printf '{"check": "gpu_check", "ok": %s, "dry_run": %s, "seconds": %d, "out": "%s"}\n' \
