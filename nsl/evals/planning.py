@@ -1,6 +1,7 @@
-"""Exact-match accuracy of a trained run on its planning task's test set (greedy decoding).
+"""Exact-match accuracy of a trained run on its planning task's test set (greedy or sampled).
 
   python -m nsl.evals.planning --workdir=runs/nextlat_path_star [--limit=1000] [--batch_size=250]
+  python -m nsl.evals.planning --workdir=RUN --temperature=1.0 [--sample_seed=0]   # sampled, as NextLat's paper
   python -m nsl.evals.planning --workdir=RUN --all_checkpoints [--limit=500]
   python -m nsl.evals.planning_study --root=GRID_ROOT [--limit=500]   # a grid's table and curves
 
@@ -12,6 +13,13 @@ same length) for the task's answer length, and scores with the task's checker (p
 Prints one JSON line and writes it to WORKDIR/planning.json. For path-star it also reports the
 accuracy of the first decision after the start node (`first_step_acc`): the token a
 next-token-trained model gets only by chance 1/d ("Clever Hans", Bachmann & Nagarajan 2024).
+
+`--temperature=T` > 0 samples the answers at temperature T instead of decoding greedily (the
+NextLat authors evaluate path-star by sampling at T = 1; see docs/papers/nextlat.md). The draws
+are reproducible: batch i uses the key fold_in(PRNGKey(--sample_seed), i), so the same run,
+test set, batch size and seed give the same answers. The record carries `temperature` and
+`sample_seed`, and a sampled run writes planning_T{T}.json / planning_curve_T{T}.json beside the
+greedy files, so the two evaluations never overwrite or mix with each other.
 
 `--all_checkpoints`: the learning curve instead. Every kept checkpoint of the run (train with a
 large `checkpoint.keep`) is restored and scored the same way, and each point carries the
@@ -48,6 +56,30 @@ def greedy_batch(family, params, prompts_BN: np.ndarray, new_tokens: int) -> np.
   return np.asarray(family.generate(params, jnp.asarray(prompts_BN, jnp.int32), new_tokens)[0])
 
 
+def sampled_batch(family, params, prompts_BN: np.ndarray, new_tokens: int, temperature: float, key) -> np.ndarray:
+  """Answers [B, new_tokens] drawn at `temperature` with the family's decoder (`family.generate`)."""
+  import jax.numpy as jnp
+
+  out = family.generate(params, jnp.asarray(prompts_BN, jnp.int32), new_tokens, temperature=temperature, rng=key)
+  return np.asarray(out[0])
+
+
+def _answers(family, params, prompts, new_tokens: int, batch_size: int, temperature: float, sample_seed: int):
+  if temperature <= 0.0:
+    return np.concatenate([greedy_batch(family, params, prompts[i:i + batch_size], new_tokens)
+                           for i in range(0, len(prompts), batch_size)])
+  import jax
+
+  base = jax.random.PRNGKey(sample_seed)
+  return np.concatenate([sampled_batch(family, params, prompts[i:i + batch_size], new_tokens, temperature,
+                                       jax.random.fold_in(base, i // batch_size))
+                         for i in range(0, len(prompts), batch_size)])
+
+
+def file_suffix(temperature: float) -> str:
+  return "" if temperature <= 0.0 else f"_T{temperature:g}"
+
+
 def _test_set(config, limit: int | None, data_dir: str | None):
   from nsl.data.tasks import task_data
 
@@ -59,12 +91,12 @@ def _test_set(config, limit: int | None, data_dir: str | None):
   return task, prompts, answers
 
 
-def score(task, family, params, prompts, answers, batch_size: int) -> dict:
-  """Exact-match accuracy (and path-star's first decision) of greedy answers to `prompts`."""
+def score(task, family, params, prompts, answers, batch_size: int, temperature: float = 0.0,
+          sample_seed: int = 0) -> dict:
+  """Exact-match accuracy (and path-star's first decision) of the answers to `prompts`, greedy
+  (temperature 0) or sampled."""
   t0 = time.time()
-  outs = [greedy_batch(family, params, prompts[i:i + batch_size], task.answer_len())
-          for i in range(0, len(prompts), batch_size)]
-  outputs = np.concatenate(outs)
+  outputs = _answers(family, params, prompts, task.answer_len(), batch_size, temperature, sample_seed)
   correct = np.array([task.is_correct(p, o, a) for p, o, a in zip(prompts, outputs, answers)])
   result = {"accuracy": float(correct.mean())}
   if task.name == "path_star":
@@ -73,9 +105,11 @@ def score(task, family, params, prompts, answers, batch_size: int) -> dict:
   return result
 
 
-def _header(workdir, config, task, prompts) -> dict:
+def _header(workdir, config, task, prompts, temperature: float = 0.0, sample_seed: int = 0) -> dict:
   head = {"workdir": workdir, "task": task.name, **task.params(), "family": config.family,
-          "variant": config.model.variant, "test_problems": int(len(prompts))}
+          "variant": config.model.variant, "test_problems": int(len(prompts)), "temperature": float(temperature)}
+  if temperature > 0.0:
+    head["sample_seed"] = int(sample_seed)
   if task.name == "path_star":
     head["chance_first_step"] = 1.0 / task.d
   return head
@@ -88,11 +122,19 @@ def _write(path: str, obj: dict) -> None:
   os.replace(tmp, path)  # a killed eval leaves the previous file, not half of one
 
 
-def evaluate(workdir: str, limit: int | None = None, batch_size: int = 250, data_dir: str | None = None) -> dict:
+def _check_temperature(temperature: float) -> None:
+  if not (temperature >= 0.0 and np.isfinite(temperature)):
+    raise NslError(f"--temperature={temperature}: must be a finite number >= 0 (0 = greedy)")
+
+
+def evaluate(workdir: str, limit: int | None = None, batch_size: int = 250, data_dir: str | None = None,
+             temperature: float = 0.0, sample_seed: int = 0) -> dict:
+  _check_temperature(temperature)
   config, family, params = load_run(workdir)
   task, prompts, answers = _test_set(config, limit, data_dir)
-  result = {**_header(workdir, config, task, prompts), **score(task, family, params, prompts, answers, batch_size)}
-  _write(os.path.join(workdir, "planning.json"), result)
+  result = {**_header(workdir, config, task, prompts, temperature, sample_seed),
+            **score(task, family, params, prompts, answers, batch_size, temperature, sample_seed)}
+  _write(os.path.join(workdir, f"planning{file_suffix(temperature)}.json"), result)
   return result
 
 
@@ -136,15 +178,17 @@ def checkpoint_params(workdir: str, config, family, steps_done=()):
 
 
 def evaluate_curve(workdir: str, limit: int | None = None, batch_size: int = 250,
-                   data_dir: str | None = None) -> dict:
-  """Every kept checkpoint scored (see the module docstring); writes WORKDIR/planning_curve.json."""
+                   data_dir: str | None = None, temperature: float = 0.0, sample_seed: int = 0) -> dict:
+  """Every kept checkpoint scored (see the module docstring); writes WORKDIR/planning_curve.json
+  (planning_curve_T{T}.json when sampled)."""
   from nsl.models import registry
 
+  _check_temperature(temperature)
   config = runs.load_config(workdir)
   family = registry.get_family(config)
   task, prompts, answers = _test_set(config, limit, data_dir)
-  head = _header(workdir, config, task, prompts)
-  path = os.path.join(workdir, "planning_curve.json")
+  head = _header(workdir, config, task, prompts, temperature, sample_seed)
+  path = os.path.join(workdir, f"planning_curve{file_suffix(temperature)}.json")
   points: dict[int, dict] = {}
   if os.path.isfile(path):
     with open(path, encoding="utf-8") as f:
@@ -155,7 +199,8 @@ def evaluate_curve(workdir: str, limit: int | None = None, batch_size: int = 250
   for step, params in checkpoint_params(workdir, config, family, steps_done=set(points)):
     logged = [s for s in record if s <= step]
     train = dict(record[max(logged)], logged_step=max(logged)) if logged else {}
-    points[step] = {"step": step, **score(task, family, params, prompts, answers, batch_size), "train": train}
+    points[step] = {"step": step, **score(task, family, params, prompts, answers, batch_size, temperature, sample_seed),
+                    "train": train}
     _write(path, {**head, "points": [points[s] for s in sorted(points)]})  # a killed eval keeps the scored ones
   if not points:
     raise NslError(f"--workdir={workdir!r}: no complete checkpoint to score")
@@ -173,13 +218,16 @@ def main(argv=None) -> int:
   p.add_argument("--data", default=None, help="task data dir (default: the run's data.path)")
   p.add_argument("--all_checkpoints", action="store_true",
                  help="score every kept checkpoint: the learning curve in WORKDIR/planning_curve.json")
+  p.add_argument("--temperature", type=float, default=0.0,
+                 help="0 (default): greedy; > 0: sample the answers at this temperature (NextLat's paper: 1.0)")
+  p.add_argument("--sample_seed", type=int, default=0, help="the sampling key's seed (with --temperature > 0)")
   a = p.parse_args(argv)
   if a.all_checkpoints:
-    curve = evaluate_curve(a.workdir, a.limit, a.batch_size, a.data)
+    curve = evaluate_curve(a.workdir, a.limit, a.batch_size, a.data, a.temperature, a.sample_seed)
     for point in curve["points"]:
       print(json.dumps(point))
     return 0
-  print(json.dumps(evaluate(a.workdir, a.limit, a.batch_size, a.data)))
+  print(json.dumps(evaluate(a.workdir, a.limit, a.batch_size, a.data, a.temperature, a.sample_seed)))
   return 0
 
 

@@ -15,7 +15,8 @@ The plot has one column per task setting (the `size` label) and two rows against
 steps: first-decision accuracy (exact-match accuracy for countdown) and the training losses at
 that step: CE for every arm, L_next-h for NextLat (the paper's latent regression, whose collapse
 to ≈ 0 with CE stuck at ln V is the failure this study separates from planning). Each seed is
-one line, in its group's colour. Writes ROOT/planning_study.{json,md,png}.
+one line, in its group's colour. Writes ROOT/planning_study.{json,md,png}; with `--temperature`
+> 0 the answers are sampled (`nsl.evals.planning`) and the files are ROOT/planning_study_T{T}.*.
 """
 
 from __future__ import annotations
@@ -27,17 +28,19 @@ import sys
 import numpy as np
 
 from nsl.errors import ArgumentParser, NslError, cli_main
+from nsl.evals import planning
 
 
-def cell_curves(root: str, limit: int | None, batch_size: int) -> list[dict]:
+def cell_curves(root: str, limit: int | None, batch_size: int, temperature: float = 0.0,
+                sample_seed: int = 0) -> list[dict]:
   """[{run, group, size, arm, seed, curve}] for every done cell of `root`, curves scored as needed."""
-  from nsl.evals import common, planning
+  from nsl.evals import common
 
   rows = []
   for run, group, seed in common.grid_runs(root):
     with open(os.path.join(run, "cell.json"), encoding="utf-8") as f:
       labels = json.load(f).get("labels", {})
-    curve = planning.evaluate_curve(run, limit, batch_size)
+    curve = planning.evaluate_curve(run, limit, batch_size, temperature=temperature, sample_seed=sample_seed)
     rows.append({"run": run, "group": group, "seed": seed, "size": labels.get("size", ""),
                  "arm": "-".join(str(v) for k, v in labels.items() if k not in ("seed", "size")), "curve": curve})
   return rows
@@ -126,19 +129,21 @@ def plot(cells: list[dict], path: str) -> None:
   plt.close(fig)
 
 
-def study(root: str, limit: int | None = None, batch_size: int = 250) -> dict:
+def study(root: str, limit: int | None = None, batch_size: int = 250, temperature: float = 0.0,
+          sample_seed: int = 0) -> dict:
   """Score, group, tabulate and plot every done cell of a planning grid root."""
   if not os.path.isdir(root):
     raise NslError(f"--root={root}: not a directory")
-  cells = cell_curves(root, limit, batch_size)
+  cells = cell_curves(root, limit, batch_size, temperature, sample_seed)
   rows = group_rows(cells)
-  result = {"root": root, "limit": limit, "groups": rows, "table": table(rows),
+  result = {"root": root, "limit": limit, "temperature": temperature, "groups": rows, "table": table(rows),
             "cells": [{k: c[k] for k in ("run", "group", "seed")} for c in cells]}
-  with open(os.path.join(root, "planning_study.json"), "w", encoding="utf-8") as f:
+  stem = os.path.join(root, "planning_study" + planning.file_suffix(temperature))
+  with open(stem + ".json", "w", encoding="utf-8") as f:
     json.dump(result, f, indent=1)
-  with open(os.path.join(root, "planning_study.md"), "w", encoding="utf-8") as f:
+  with open(stem + ".md", "w", encoding="utf-8") as f:
     f.write(result["table"] + "\n")
-  plot(cells, os.path.join(root, "planning_study.png"))
+  plot(cells, stem + ".png")
   return result
 
 
@@ -148,8 +153,10 @@ def main(argv=None) -> int:
   p.add_argument("--root", required=True, help="a planning grid root (nsl.scaling.grid)")
   p.add_argument("--limit", type=int, default=None, help="first N test problems only")
   p.add_argument("--batch_size", type=int, default=250)
+  p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: sampled answers")
+  p.add_argument("--sample_seed", type=int, default=0)
   a = p.parse_args(argv)
-  print(study(a.root, a.limit, a.batch_size)["table"])
+  print(study(a.root, a.limit, a.batch_size, a.temperature, a.sample_seed)["table"])
   return 0
 
 

@@ -121,3 +121,29 @@ def test_root_study_groups_seeds_and_reports_each_seeds_last_point(tmp_path):
   assert (root / "planning_study.png").stat().st_size > 0
   assert "`gpt-g` | 2 | 20 |" in (root / "planning_study.md").read_text()
   assert not (root / "seed2-g-gpt" / "planning_curve.json").exists()
+
+
+def test_sampled_evaluation_is_reproducible_and_kept_apart_from_greedy(tmp_path):
+  """`--temperature=1`: answers drawn at T = 1 (NextLat's path-star protocol), the same draws for
+  the same seed, other draws for another seed, recorded with their temperature and seed in their
+  own file beside the greedy one; a negative temperature is one line, exit 2."""
+  config, family, workdir = _run(tmp_path)
+  _save(workdir, [(10, 0)], family, config)
+  task, prompts, answers = planning._test_set(config, None, None)
+  params = _state(family, config, 0).params
+  flat = nn.unbox(family.init(jax.random.PRNGKey(0)))  # untrained: near-uniform next-token odds
+  draws = {seed: planning._answers(family, flat, prompts, task.answer_len(), 8, 1.0, seed) for seed in (0, 1)}
+  np.testing.assert_array_equal(draws[0], planning._answers(family, flat, prompts, task.answer_len(), 8, 1.0, 0))
+  assert not np.array_equal(draws[0], draws[1])
+
+  assert planning.main(["--workdir", workdir, "--batch_size=8"]) == 0
+  assert planning.main(["--workdir", workdir, "--batch_size=8", "--temperature=1", "--sample_seed=3"]) == 0
+  with open(os.path.join(workdir, "planning.json")) as f:
+    g = json.load(f)
+  with open(os.path.join(workdir, "planning_T1.json")) as f:
+    s = json.load(f)
+  assert g["temperature"] == 0.0 and "sample_seed" not in g
+  assert s["temperature"] == 1.0 and s["sample_seed"] == 3
+  want = planning.score(task, family, params, prompts, answers, 8, 1.0, 3)
+  assert s["accuracy"] == want["accuracy"] and s["first_step_acc"] == want["first_step_acc"]
+  assert planning.main(["--workdir", workdir, "--temperature=-1"]) == 2
