@@ -54,4 +54,5 @@ def test_every_command_answers_help(module):
     section = f.read().split(f"### `{module}`", 1)[-1].split("\n### ", 1)[0]
   options = set(re.findall(r"^\s+(?:-\w, )?(--[\w-]+)", result.stdout, re.MULTILINE)) - {"--help"}
   undocumented = sorted(o for o in options if f"`{o}" not in section)
-  assert not undocumented, f"docs/reference/cli.md's {module} section lacks {undocumented}"
+  assert not undocumented, (f"docs/reference/cli.md's {module} section lacks {undocumented}: "
+                            "rerun python tools/docs_cli.py")
