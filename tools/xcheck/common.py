@@ -99,17 +99,20 @@ def seed_stats(curves: dict[int, dict[int, float]], lo: int, hi: int) -> dict:
   seeds = sorted(curves)
   w = np.stack([_window(curves[s], lo, hi) for s in seeds])  # [seeds, steps]
   per_seed = w.mean(axis=1)
-  sd = float(per_seed.std(ddof=1)) if len(seeds) > 1 else float("nan")
+  sd = float(per_seed.std(ddof=1)) if len(seeds) > 1 else None  # one seed: no spread (None in JSON)
   return {"seeds": seeds, "per_seed_mean": [round(float(x), 4) for x in per_seed],
-          "mean": round(float(per_seed.mean()), 4), "sd": round(sd, 4),
-          "se": round(sd / math.sqrt(len(seeds)), 4), "mean_curve": [round(float(x), 4) for x in w.mean(axis=0)],
-          "steps": [lo, hi]}
+          "mean": round(float(per_seed.mean()), 4), "sd": None if sd is None else round(sd, 4),
+          "se": None if sd is None else round(sd / math.sqrt(len(seeds)), 4),
+          "mean_curve": [round(float(x), 4) for x in w.mean(axis=0)], "steps": [lo, hi]}
 
 
 def compare(a: dict, b: dict, lo: int, hi: int) -> dict:
   """Two sides' `seed_stats` (independent inits) -> Δ = mean(a) - mean(b) over lo..hi, its
   standard error sqrt(se_a² + se_b²), and whether |Δ| is within 0.04 or within 2 se (issue #45)."""
   delta = a["mean"] - b["mean"]
+  if a["se"] is None or b["se"] is None:  # a side with one seed: no standard error to compare with
+    return {"delta": round(delta, 4), "se": None, "within_0.04": abs(delta) <= 0.04, "within_2se": None,
+            "pass": abs(delta) <= 0.04}
   se = math.sqrt(a["se"] ** 2 + b["se"] ** 2)
   return {"delta": round(delta, 4), "se": round(se, 4), "within_0.04": abs(delta) <= 0.04,
           "within_2se": abs(delta) <= 2 * se, "pass": abs(delta) <= 0.04 or abs(delta) <= 2 * se}

@@ -6,7 +6,6 @@ Run with nsl's venv from the repository root; `tools/xcheck/sps.py` calls it:
   sps_nsl.py --model=sps|standard --batches=DIR --init_seed=0 --out=F.jsonl
   sps_nsl.py ... --init_from=F.npz     # start from the authors' weights (peer_sps.py --export_init)
   sps_nsl.py ... --init_stats=F.json   # per-tensor statistics of the step-0 parameters, then exit
-  sps_nsl.py ... --check_port=F.npz    # ported weights: logits and loss against peer's, then exit
 
 Training matches peer_sps.py: 300 steps, lr 3e-3 with nsl's 20-step linear warmup from 0 then
 constant (train.decay_steps=0), AdamW (0.9, 0.95), decay 0.1, clip 1, fp32; `config.seed` = 0 and
