@@ -252,7 +252,7 @@ def ported_tag(rows: int) -> str:
 
 
 def parse_rows(spec: str) -> dict[str, int]:
-  """"dec:4,sed:4" -> {"dec": 4, "sed": 4}."""
+  """"dec:4" -> {"dec": 4, "sed": 4}."""
   return {m: int(r) for m, _, r in (part.partition(":") for part in spec.split(",") if part)}
 
 
@@ -300,16 +300,22 @@ def plot(out: str, models, seeds, steps: int, own_rows: int = 0, ported_rows=Non
       if os.path.exists(p):
         cur = common.read_curve(p)
         ax.plot(list(cur), list(cur.values()), color=col, lw=1, label=f"{'theirs' if side == 'peer' else 'nsl'}")
-    ax.set_title(f"{m}: from their init (ported)", fontsize=9)
+    pr = (ported_rows or {}).get(m, 0)
+    ax.set_title(f"{m}: from their init (ported)" + (f", {pr} rows" if pr else ", 16 rows"), fontsize=9)
     ax.legend(fontsize=8)
     ax = axes[1, j]
     for side, col in (("peer", "tab:blue"), ("nsl", "tab:orange")):
+      curves = []
       for s in seeds:
         p = os.path.join(out, f"{m}_{side}_{own_tag(s, own_rows)}.jsonl")
         if os.path.exists(p):
           cur = common.read_curve(p)
-          ax.plot(list(cur), list(cur.values()), color=col, lw=0.7, alpha=0.7,
-                  label=f"{'theirs' if side == 'peer' else 'nsl'}" if s == seeds[0] else None)
+          curves.append([cur[k] for k in range(1, steps + 1)])
+          ax.plot(list(cur), list(cur.values()), color=col, lw=0.4, alpha=0.35)
+      if curves:  # the side's mean curve, a 10-step moving average
+        mean = np.convolve(np.mean(curves, axis=0), np.ones(10) / 10, mode="valid")
+        ax.plot(np.arange(10, steps + 1), mean, color=col, lw=1.6,
+                label=f"{'theirs' if side == 'peer' else 'nsl'}: mean of {len(curves)}, 10-step average")
     ax.set_title(f"{m}: own init, seeds {seeds[0]}-{seeds[-1]}" + (f", {own_rows} rows" if own_rows else ""), fontsize=9)
     ax.set_xlabel("step")
     ax.legend(fontsize=8)
@@ -335,7 +341,7 @@ def main():
   p.add_argument("--own_rows", type=int, default=4,
                  help="all/summary: the own-init runs train on each batch's first N rows (0: all 16)")
   p.add_argument("--rows", type=int, default=0, help="train: each batch's first N rows (0: all)")
-  p.add_argument("--ported_rows", default="dec:4,sed:4",
+  p.add_argument("--ported_rows", default="dec:4",
                  help="all/summary: MODEL:N, the ported runs of MODEL train on each batch's first N rows")
   p.add_argument("--steps", type=int, default=STEPS)
   p.add_argument("--model", choices=tuple(dd_port.CONFIGS))
