@@ -2,14 +2,15 @@
 
 `get_config()` is a complete, valid config: a small standard transformer on the embedded
 default corpus (State of the Union speeches, BPE 4096). Experiment files start from it and
-change only what differs. `paper_recipe` applies the SPS paper's training recipe (REFERENCES §1).
+change only what differs. `paper_recipe` applies the SPS paper's training recipe
+(docs/papers/sps.md#training).
 """
 
 import ml_collections
 
-# Logical axis -> mesh axes ('data', 'fsdp', 'tensor'): the one sharding table (DESIGN
-# "Sharding is declared once"). Batch over data x fsdp; FSDP shards the embed dimension of
-# every weight; tensor parallelism splits heads, the MLP hidden and the vocabulary.
+# Logical axis -> mesh axes ('data', 'fsdp', 'tensor'): the one sharding table
+# (docs/design.md#sharding). Batch over data x fsdp; FSDP shards the embed dimension of every
+# weight; tensor parallelism splits heads, the MLP hidden and the vocabulary.
 DEFAULT_RULES = (
     ("batch", ("data", "fsdp")),
     ("length", None),
@@ -38,7 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.d_model = 256
   c.model.n_layers = 4
   c.model.n_heads = 4
-  c.model.d_ff = 768  # SwiGLU hidden, 3d (REFERENCES §1)
+  c.model.d_ff = 768  # SwiGLU hidden, 3d (docs/papers/sps.md#architecture)
   c.model.rope_theta = 10000.0
   c.model.norm_eps = 1e-5
   c.model.init_std = 0.02
@@ -93,17 +94,18 @@ def get_config() -> ml_collections.ConfigDict:
 
 
 def paper_recipe(c: ml_collections.ConfigDict, size: str, tokens: float = 20e9) -> ml_collections.ConfigDict:
-  """REFERENCES §1 training recipe: GPT-2 tokenizer, 4096 x 96 tokens per step, AdamW
-  (0.9, 0.95), wd 0.1, clip 1.0, peak 6e-4, warmup 50M tokens (XS, S) or 100M (M, L, XL),
-  constant, then linear decay over the last 2B tokens to 6e-5."""
+  """The SPS paper's training recipe (docs/papers/sps.md#training): GPT-2 tokenizer, 4096 x 96
+  tokens per step, AdamW (0.9, 0.95), wd 0.1, clip 1.0, peak 6e-4, warmup 50M tokens (XS, S) or
+  100M (M, L, XL), constant, then linear decay over the last 2B tokens to 6e-5."""
   from nsl import config as nsl_config
 
   nsl_config.apply_size(c, size)
   c.model.vocab_size = 50304
   c.model.dtype = "auto"  # bfloat16 on TPU/GPU, float32 on CPU
-  c.model.scan_layers = True  # XL compiles in a fraction of the unrolled time (README "Before you book a pod")
-  # README "What fits where" (python -m nsl.fits): every chip on FSDP (the batch of 96 divides over
-  # up to 32 chips), and full remat, without which the scanned XL step needs 135 GiB a v5p chip.
+  c.model.scan_layers = True  # XL compiles in a fraction of the unrolled time (docs/guide/pods.md#scanned-layers)
+  # What fits where (docs/guide/pods.md#what-fits-where, `python -m nsl.hbm`): every chip on FSDP
+  # (the batch of 96 divides over up to 32 chips), and full remat, without which the scanned XL
+  # step needs 135 GiB a v5p chip.
   c.mesh.shape = (1, -1, 1)
   c.model.remat = "full"
   c.data.seq_len = 4096

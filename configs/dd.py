@@ -1,4 +1,4 @@
-"""The double-decoder paper's configs (REFERENCES §2): `--config=configs/dd.py:ARCH_SIZE`.
+"""The double-decoder paper's configs (docs/papers/double_decoder.md#definitions): `--config=configs/dd.py:ARCH_SIZE`.
 
 ARCH (the leading `dd_` may be left off: `configs/dd.py:6m` is `dd_6m`): `dd` (family
 double_decoder), `sed` (family sed) or `decoder_only` (family standard with both stacks' layers
@@ -44,7 +44,7 @@ LR = {"dd": 0.01, "sed": 0.004, "decoder_only": 0.01}
 FAMILY = {"dd": "double_decoder", "sed": "sed", "decoder_only": "standard"}
 VARIANT = {"dd": "random_uniform", "sed": "sed", "decoder_only": "standard"}
 SEQ_LEN, BATCH, TOKENS = 2048, 64, 500e6
-MUP_BASE_WIDTH = 64  # the paper's μP base width (REFERENCES §2)
+MUP_BASE_WIDTH = 64  # the paper's μP base width (docs/papers/double_decoder.md#training)
 MUP_BASE_HEAD_DIM = 64  # their MUP_BASE_HEAD_DIM: the head size at the base width
 WEIGHT_DECAY = 0.5  # their wd_tuned.json, all three architectures
 TORCH_RMSNORM_EPS = 1.1920928955078125e-07  # torch.nn.RMSNorm(eps=None): float32 machine epsilon

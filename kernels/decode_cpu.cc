@@ -7,10 +7,10 @@
 // per token), and XLA:CPU reads a layer's cache once per query: SPS's two queries (x_i and ρ_i)
 // scored the keys as two GEMVs and weighted V in a two-row product that YNNPACK ran at half the
 // speed of the one-row one, so a layer's cache attention took 1.4 ms against the standard
-// model's 0.7 ms at XS (README "Benchmarks"). Here each (batch row, head) reads its K and V once
+// model's 0.7 ms at XS (docs/benchmarks.md#profiles). Here each (batch row, head) reads its K and V once
 // for all its queries.
 //
-// Math (`nsl.nn.kv_cache.attend_parts`, exact; REFERENCES §1's softmax attention):
+// Math (`nsl.nn.kv_cache.attend_parts`, exact; softmax attention, docs/design.md#attention):
 //   s = scale · q Kᵀ over the cached keys (K [Dh, S] per row and head, the cache's transposed
 //   layout) and the step's own keys, −inf where `nsl.nn.masks.visible` says no; m = max s,
 //   l = Σ exp(s − m), out = Σ exp(s − m) V / l, lse = m + log l. A query that sees no key gets
@@ -109,7 +109,7 @@ void task(const Args& a, int64_t bh) {
   const float* K = a.kc + bh * Dh * S;  // [Dh, S]
   const float* V = a.vc + bh * S * Dh;  // [S, Dh]
   // V's visible rows are prefetched while the scores stream K, so both reads are in flight at once
-  // (one sequential stream per core left the second query's arithmetic exposed; README "Benchmarks").
+  // (one sequential stream per core left the second query's arithmetic exposed; docs/benchmarks.md#profiles).
   int64_t v_lines = 0;
   for (size_t r = 0; r < sc.runs.size(); r += 2) v_lines += (sc.runs[r + 1] - sc.runs[r]) * Dh * 4 / 64;
   const int64_t per_row = (v_lines + Dh - 1) / Dh;  // lines of V per K row streamed (first run's rows)
@@ -310,7 +310,7 @@ ffi::Error WriteImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
 // ----------------------------------------------------------------------------- few-row products
 // y[M, N] = x[M, K] · W[K, N] for the few rows of a decode step (`layers.dense`). XLA:CPU ran a
 // decode step's products at ~65% of the weights' read bandwidth, and 16 rows (an SPS step's x and
-// ρ slots) 1.6-1.8 ms a step slower than 8 at XS (README "Benchmarks"). Such a product reads W once
+// ρ slots) 1.6-1.8 ms a step slower than 8 at XS (docs/benchmarks.md#profiles). Such a product reads W once
 // and is bound by how many lines a core keeps in flight, so each task streams a contiguous range
 // of W's rows (whole rows, or a column chunk of them on many cores), in blocks of 32 rows: every
 // row of x passes over a block in the register-blocked micro-kernel, whose k loop prefetches the

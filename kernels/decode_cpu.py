@@ -12,8 +12,8 @@
 Why: a decode step is bound by reading memory. XLA:CPU read a layer's cache once per query (SPS's
 two queries: 1.4 ms a layer at XS against 0.7 ms for the standard model's one) and the step's
 weights at ~65% of the bandwidth; the kernels read each (batch row, head)'s K and V once for all
-queries, skipping blocks no query sees, and stream each weight once with prefetching (README
-"Benchmarks").
+queries, skipping blocks no query sees, and stream each weight once with prefetching
+(docs/guide/decoding.md#step-layout).
 """
 
 from __future__ import annotations

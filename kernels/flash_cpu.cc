@@ -6,7 +6,7 @@
 // otherwise what this kernel runs. Here each (batch, head) is one task that reads q/k/v in place
 // ([B, S, H, D], row stride H·D), so nothing is copied but a transposed K (and V) per task.
 //
-// Math (REFERENCES §1's softmax attention; FlashAttention-2's backward recomputation):
+// Math (softmax attention, docs/design.md#attention; FlashAttention-2's backward recomputation):
 //   S = scale · Q Kᵀ on the visible key blocks of a query block, masked by the nsl rule
 //   (`nsl.nn.masks.visible`), P = exp(S − m) / l row by row over all its visible keys at once
 //   (exact, no online rescaling: a 64-row block's scores stay in L2), O = P V, lse = m + log l.
@@ -32,7 +32,7 @@ constexpr int8_t kEmpty = 0, kPartial = 1;  // nsl.nn.masks block-map codes (FUL
 // B operands are packed in column panels of nv·W floats: element (k, n) of a [K, N] operand at
 // B[(n / pw)·pstride + k·pw + n % pw]. A [S, H·D] tensor's rows (or a transposed [D, S] one's)
 // sit at a 1-4 KiB stride, which maps a micro-kernel's panel onto a few L1 sets; packed, a
-// panel is one contiguous stream (measured: README "Benchmarks").
+// panel is one contiguous stream (measured: docs/benchmarks.md#profiles).
 struct Panels {
   int nv;       // vectors per panel row
   int64_t pw;   // panel width nv·W

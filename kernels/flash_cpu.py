@@ -8,7 +8,7 @@ The math and the tile skipping are `flash_cpu.cc`'s docstring; the custom VJP be
 backward, which recomputes the probabilities from the saved log-sum-exp (FlashAttention-2).
 
 Why a kernel: XLA:CPU copies each key slice before a dot, and on 2 cores the chunked path was
-1.11× the time of torch's fused causal SDPA at 1024 tokens (README "Benchmarks"); the kernel reads
+1.11× the time of torch's fused causal SDPA at 1024 tokens (docs/benchmarks.md#current); the kernel reads
 q/k/v in place and keeps a query block's scores in cache.
 
 Built with the other CPU kernels by `nsl.kernels.cpu_build` (on first use, or by `make install`);
@@ -29,7 +29,7 @@ from nsl.nn import masks
 from nsl.errors import ConfigError
 from nsl.kernels import cpu_build, shard_over_mesh
 
-TILE = 64  # query and key tile: measured in README "Benchmarks" (64 vs 128 at 1024 causal)
+TILE = 64  # query and key tile: measured (docs/benchmarks.md#profiles: 64 vs 128 at 1024 causal)
 TARGETS = {"fwd": "nsl_flash_cpu_fwd", "bwd": "nsl_flash_cpu_bwd"}  # registered by cpu_build
 
 

@@ -5,9 +5,9 @@
 // d 256, 4 layers), and XLA:CPU runs `nsl.nn.layers.head_cross_entropy`'s chunked scan as three
 // [1024, 256] × [256, 50304]-sized dots at ~80-100 GFLOP/s on 2 cores plus five passes over a
 // 206 MB logits block; here the three products run in the register-blocked micro-kernel on
-// cache-sized tiles and the softmax is applied while a tile is hot (README "Benchmarks").
+// cache-sized tiles and the softmax is applied while a tile is hot (docs/benchmarks.md#profiles).
 //
-// Math (the mean next-token NLL, REFERENCES §1; nothing approximated):
+// Math (the mean next-token NLL, docs/papers/sps.md#loss; nothing approximated):
 //   z = scale · h Eᵀ, nll_r = logsumexp(z_r) − z_r[t_r], loss = Σ_r w_r nll_r / max(Σ w, 1).
 //   With c_r = w_r · scale / max(Σ w, 1) (the caller's `coef`), p = softmax(z):
 //   dh_r = c_r (Σ_v p_rv E_v − E_{t_r}),  dE_v = Σ_r c_r (p_rv − [v = t_r]) h_r.

@@ -9,7 +9,7 @@ graph; the custom VJP only scales them). Math and schedule: `head_cpu.cc`'s docs
 
 Why: the 50k-way head is ~78% of a small model's FLOPs per token; XLA:CPU runs the scan's dots at
 ~80 GFLOP/s on 2 cores (head + loss forward and backward at 2048 rows), the kernel keeps its
-products in the register-blocked micro-kernel (README "Benchmarks").
+products in the register-blocked micro-kernel (docs/benchmarks.md#profiles).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Orbax checkpoints: train state + Grain iterator state + run metadata (DESIGN "Runs are
-deterministic and resumable").
+"""Orbax checkpoints: train state + Grain iterator state + run metadata (docs/guide/determinism.md,
+docs/guide/training.md#checkpoints).
 
 Saves are asynchronous; Orbax writes each step to a temporary directory and renames it when
 complete, so `latest_step` only ever names a finished checkpoint. The data iterator's state is

@@ -25,7 +25,7 @@ import ml_collections
 
 from nsl.errors import ConfigError
 
-# REFERENCES §1: the SPS size ladder (vocab 50304, tied embeddings, SwiGLU hidden 3d).
+# The SPS size ladder (docs/papers/sps.md#ladder): vocab 50304, tied embeddings, SwiGLU hidden 3d.
 SIZES: dict[str, dict[str, int]] = {
     "xs": dict(n_layers=8, d_model=512, n_heads=8, d_ff=1536),
     "s": dict(n_layers=12, d_model=768, n_heads=12, d_ff=2304),
@@ -246,7 +246,7 @@ def to_dict(config: ml_collections.ConfigDict) -> dict:
   return json.loads(config.to_json_best_effort())
 
 
-# Fields a resume may change (README "Training, checkpoints and failures"): how long to train,
+# Fields a resume may change (docs/guide/training.md#checkpoints): how long to train,
 # how a batch is split into micro-batches (the same update), what to log and evaluate, how to
 # checkpoint, how attention is computed (the same function), the mesh (the state is resharded),
 # how shards are verified or found. Every other field fixes the parameters' shapes, the data

@@ -1,4 +1,4 @@
-"""KV-cache generation for the standard transformer and every SPS variant (REFERENCES §1).
+"""KV-cache generation for the standard transformer and every SPS variant (docs/papers/sps.md#kv-cache).
 
 Tokens become *groups* of slots in logical order: one slot per token for `standard` (and the
 standard trunk of nextlat / mtp), the pair (x_i, ρ_i) for the SPS variants, with per-slot `pos`

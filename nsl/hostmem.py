@@ -5,7 +5,7 @@ with glibc malloc, which maps each allocation above its mmap threshold afresh an
 freed, so every train step touches hundreds of MB of new 4 KiB pages and pays a fault per page.
 On kernels whose transparent huge pages are `madvise` (the common default), glibc's
 `glibc.malloc.hugetlb=1` tunable (glibc >= 2.35) advises those mappings onto 2 MiB pages: 512x
-fewer faults. Measured on 2 cores (README "Benchmarks"): a jitted [32, 1024, 64] Q·Kᵀ 87 -> 50 ms,
+fewer faults. Measured on 2 cores (docs/benchmarks.md#huge-pages): a jitted [32, 1024, 64] Q·Kᵀ 87 -> 50 ms,
 the standard tiny train step at 8x256 1.07-1.23x tokens/s, and the SPS authors' PyTorch step
 gains about the same when given the same setting.
 

@@ -1,4 +1,4 @@
-"""The record format (DESIGN "One record format"): metrics.jsonl, TensorBoard events, config.json,
+"""The record format (docs/reference/records.md): metrics.jsonl, TensorBoard events, config.json,
 result.json; the progress display; FLOPs, TFLOP/s per device and MFU accounting."""
 
 from __future__ import annotations

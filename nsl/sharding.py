@@ -1,4 +1,4 @@
-"""Device mesh ('data', 'fsdp', 'tensor') and the logical-axis rules (DESIGN "Sharding is declared once").
+"""Device mesh ('data', 'fsdp', 'tensor') and the logical-axis rules (docs/design.md#sharding).
 
 Parameters carry logical axis names; `config.mesh.rules` maps them to mesh axes; the batch is
 sharded over ('data', 'fsdp'). Everything here is derived from the config and the devices.
@@ -61,7 +61,7 @@ def is_compile_only(mesh: Mesh) -> bool:
 
 
 def use_mesh(mesh: Mesh):
-  """The one way nsl enters a mesh around traced programs (DESIGN "Sharding is declared once").
+  """The one way nsl enters a mesh around traced programs (docs/design.md#sharding).
 
   `jax.set_mesh` sets the concrete and the abstract mesh, so Flax's logical constraints apply
   and `shard_map` kernels (splash) find the mesh. A compile-only mesh has no live devices to

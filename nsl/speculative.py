@@ -1,4 +1,4 @@
-"""Self-speculative decoding with NextLat's latent dynamics model (REFERENCES §4).
+"""Self-speculative decoding with NextLat's latent dynamics model (docs/papers/nextlat.md#speculative-decoding).
 
 State between rounds: a KV cache holding tokens x_1..x_m, NextLat's latent h_m of x_m (the
 trunk's final-normed state, or the residual stream before the final norm with

@@ -1,4 +1,4 @@
-"""Countdown at CPU scale (REFERENCES §4 "Countdown", issue #17): GPT vs NextLat (d = 1).
+"""Countdown at CPU scale (docs/papers/nextlat.md#tasks, issue #17): GPT vs NextLat (d = 1).
 
 Both cells are configs/nextlat.py's countdown setting (`countdown_data`: 50k training problems,
 1,000 test problems whose targets are the 10% held out of training, 4L/4H/128d on the authors'

@@ -1,5 +1,5 @@
-"""The CPU-scale double-decoder study (REFERENCES §2, issues #14 and #45): decoder-only, DD and SED
-at two widths, 2 seeds, with the authors' models (docs/xcheck/dd.md).
+"""The CPU-scale double-decoder study (docs/papers/double_decoder.md#cpu-scale, issues #14 and #45):
+decoder-only, DD and SED at two widths, 2 seeds, with the authors' models (docs/xcheck/dd.md).
 
 Every cell is the family's tiny config (configs/dd.py:{decoder_only,dd,sed}_tiny: 3 layers split
 2:1 for DD and SED, SOTU BPE-4096, 128-token sequences, 16 per step; the authors' trunk: GELU MLP

@@ -1,4 +1,4 @@
-"""The double-decoder paper's grid (REFERENCES §2): widths 6.25M..100M x token budgets
+"""The double-decoder paper's grid (docs/papers/double_decoder.md#sizes): widths 6.25M..100M x token budgets
 62.5M..1B x {double decoder, SED, decoder-only}: 5 x 5 x 3 = 75 runs.
 
 Each cell is the family's config (configs/dd.py:{dd,sed,decoder_only}_{size}: sequence 2048,

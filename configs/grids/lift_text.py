@@ -1,4 +1,4 @@
-"""LIFT on text (REFERENCES §3 "Pretraining", issue #15): LIFT with a standard teacher trained
+"""LIFT on text (docs/papers/lift.md#pretraining, issue #15): LIFT with a standard teacher trained
 4x longer, against a standard transformer at matched tokens, with the paper's ablations.
 
 All cells: the default corpus (SOTU, BPE-4096), 4 layers, d = 128, 4 heads, SwiGLU 384,

@@ -2,7 +2,7 @@
 NextLat and MTP on G_{5,5}, 3 seeds each, at the largest trunk one cell can train within
 90 CPU-minutes. Prepared, not yet run (docs/xcheck/nextlat.md "The path-star rerun").
 
-The question (REFERENCES §4 "Path-Star"): next-token GPT settles in the Clever-Hans shortcut
+The question (docs/papers/nextlat.md#tasks): next-token GPT settles in the Clever-Hans shortcut
 (first decision after the start node right 1/d = 20% of the time, every later edge followed)
 while NextLat learns to plan. The paper (12L/6H/384d, batch 512, 20k steps = 10.2M sequences):
 NextLat ≈ 100% on G_{5,5}, GPT fails; third-party runs of the authors' code cross into the

@@ -1,4 +1,4 @@
-"""The S5 pipeline of LIFT (REFERENCES §3, issue #15) as one resumable grid, 3 seeds.
+"""The S5 pipeline of LIFT (docs/papers/lift.md#s5, issue #15) as one resumable grid, 3 seeds.
 
 Per seed, in the order the runner starts them (a cell that names a teacher cell, "@cell:...",
 waits until that cell is done; `nsl.scaling.grid`):

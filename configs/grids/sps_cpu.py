@@ -1,4 +1,4 @@
-"""The CPU-scale SPS study (REFERENCES §1, issue #14): the paper's variants at two widths, 3 seeds.
+"""The CPU-scale SPS study (docs/papers/sps.md#cpu-scale, issue #14): the paper's variants at two widths, 3 seeds.
 
 Every cell is configs/sps.py:sps_tiny's setting (`sps.variant_config`: 4 layers, SOTU BPE-4096,
 128-token sequences, 16 per step, lr 3e-3, SwiGLU 3d, vocab 4160 for the tied <predict> row) at
@@ -15,7 +15,7 @@ gives the gap to the standard model against tokens.
 ≈ 0.6 s/step at d = 128). The budget is ours, not the paper's (20B tokens at 4096 per sequence).
 
   python -m nsl.scaling.grid run --grid=configs/grids/sps_cpu.py --root=runs/sps_cpu
-  python -m nsl.scaling.study --root=runs/sps_cpu   # the README's table and plot
+  python -m nsl.scaling.study --root=runs/sps_cpu   # the table and plot of docs/papers/sps.md#cpu-scale
 """
 
 SEEDS = (0, 1, 2)

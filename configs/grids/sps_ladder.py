@@ -1,4 +1,4 @@
-"""The SPS paper's grid (REFERENCES §1): sizes XS..XL x {standard, 2x memory, delayed state, SPS}
+"""The SPS paper's grid (docs/papers/sps.md#ladder): sizes XS..XL x {standard, 2x memory, delayed state, SPS}
 at 20B tokens, and the standard transformer also at 40B: 25 runs.
 
 Each cell is the family's own config (configs/sps.py:<variant>_<size>: the paper's recipe, GPT-2

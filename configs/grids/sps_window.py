@@ -1,4 +1,4 @@
-"""Window ablation at size S (REFERENCES §1): w ∈ {0, 16, 64, 256} × {SPS, delayed state,
+"""Window ablation at size S (docs/papers/sps.md#results): w ∈ {0, 16, 64, 256} × {SPS, delayed state,
 reverse SPS}, plus the standard transformer once, all at the paper's recipe (20B tokens,
 4096-token sequences, batch 96): 13 runs.
 

@@ -26,7 +26,7 @@ All rules use the same S slots; the SPS rules have S/2 tokens. `--tokens` is an 
 many threads as this machine has cores, in rounds alternating with nsl's CPU paths (`chunked`
 and the `flash_cpu` kernel, those in `--impls`; `--rounds`): `torch_sdpa_s` (median per round),
 `IMPL_s_by_round`, and `IMPL_over_torch_sdpa` (median of the per-round ratios; < 1 = nsl faster). The torch process
-inherits this one's environment, huge pages included (README "Host memory"), so both run under
+inherits this one's environment, huge pages included (docs/benchmarks.md#huge-pages), so both run under
 the same allocator.
 """
 
@@ -56,7 +56,7 @@ AGAINST_TORCH = ("chunked", "flash_cpu")  # the CPU paths timed against torch's 
 
 
 def _dd_blocks(slots: int, seed: int = 0) -> np.ndarray:
-  """Double-decoder block ids: 4 boundaries drawn uniformly in [2, L-2] (REFERENCES §2)."""
+  """Double-decoder block ids: 4 boundaries drawn uniformly in [2, L-2] (docs/papers/double_decoder.md#blocks)."""
   rng = np.random.default_rng(seed)
   bounds = np.sort(rng.choice(np.arange(2, slots - 1), size=4, replace=False))
   return np.searchsorted(bounds, np.arange(slots), side="right").astype(np.int32)[None]

@@ -1,5 +1,5 @@
 """KV-cache bytes and decode speed, double decoder vs a decoder-only model of matched size
-(REFERENCES §2 "Inference": the cache holds Lg of L layers per context token). Called by
+(docs/papers/double_decoder.md#generation: the cache holds Lg of L layers per context token). Called by
 `python -m nsl.bench.decode --config=configs/dd.py`."""
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ bytes and decode tokens/s, `nsl.bench.dd_decode.compare`); a `nextlat` config co
 self-speculative decoding (tokens/s, mean accepted tokens per draft; `--workdir=RUN` for a
 trained model, whose validation rows give the prompts: for a planning task, `--prompt_len` = the
 task's prompt length and `--new_tokens` = its answer length decode exactly the answers).
-`--draft_lens=2,4,6,8` sweeps the draft length in one run (REFERENCES §4: fixed draft lengths
-2-10): per length a `plain` and a `speculative` line measured side by side (plain and
+`--draft_lens=2,4,6,8` sweeps the draft length in one run (fixed draft lengths 2-10,
+docs/papers/nextlat.md#speculative-decoding): per length a `plain` and a `speculative` line measured side by side (plain and
 speculative alternating prompt by prompt), then one `sweep` line with the tokens per draft and
 the speed-up against plain decoding for every length, and whether every greedy speculative
 output equalled plain greedy decoding. `--temperature=T` samples instead (Leviathan acceptance;

@@ -1,4 +1,4 @@
-"""T5-style span corruption with static shapes (REFERENCES §2, the SED baseline).
+"""T5-style span corruption with static shapes (the SED baseline, docs/papers/double_decoder.md#baselines).
 
 For a row of L tokens, the numbers of noise tokens `n = round(L * noise_density)` and of noise
 spans `s = round(n / mean_span)` are static, so every output shape is static too: encoder inputs

@@ -1,4 +1,4 @@
-"""`python -m nsl.evals.gradflow --workdir=RUN`: gradient routing r(p, k) per stream (REFERENCES §1).
+"""`python -m nsl.evals.gradflow --workdir=RUN`: gradient routing r(p, k) per stream (docs/papers/sps.md#analyses).
 
     r(p, k) = ‖∇θ_p ℓ_{p+k}‖₂ / ‖∇θ_p ℓ_p‖₂
 

@@ -1,4 +1,4 @@
-"""Length generalization on S5 and procedural evaluation on arithmetic (REFERENCES §3): accuracy
+"""Length generalization on S5 and procedural evaluation on arithmetic (docs/papers/lift.md#s5): accuracy
 against the sequence length N (S5) or the operand count m (arithmetic), per model.
 
   python -m nsl.evals.length_generalization --runs=runs/s5_standard,runs/s5_lift [--lengths=1-16,20,24,32,48,64]

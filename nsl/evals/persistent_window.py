@@ -1,5 +1,5 @@
 """`python -m nsl.evals.persistent_window --workdir=RUN [--omega=64] [--docs=N]`: the
-persistent-state probe Δℓ_i(M_ω) of REFERENCES §1.
+persistent-state probe Δℓ_i(M_ω) (docs/papers/sps.md#analyses).
 
 Δℓ_i(M_ω) = NLL of target i when persistent keys are restricted to the last ω tokens
 (`Rule(persistent_window=ω)`: a persistent key k is visible to query q iff

@@ -1,4 +1,4 @@
-"""Cached generation for the double decoder (REFERENCES §2 "Inference"); its KV-cache /
+"""Cached generation for the double decoder (docs/papers/double_decoder.md#generation); its KV-cache /
 decode-speed comparison with a decoder-only model is `nsl.bench.dd_decode`.
 
 Generation treats the prompt as context and the generated tokens as one new block that starts

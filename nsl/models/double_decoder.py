@@ -1,4 +1,4 @@
-"""Block-based double decoder (REFERENCES §2): a context decoder and a generation decoder.
+"""Block-based double decoder (docs/papers/double_decoder.md#definitions): a context decoder and a generation decoder.
 
 - **Context decoder**: the shared causal trunk (`layers.Stack`: pre-RMSNorm, attention, MLP,
   final norm) over the packed row; its final output is the context latents `c`. In the paper's
@@ -358,7 +358,7 @@ class DoubleDecoderFamily(Family):
     return loss, {"weight": weight, "blocks": jnp.max(block).astype(jnp.float32) + 1.0}
 
   def generate(self, params, prompt_BN, new_tokens: int, *, temperature: float = 0.0, rng=None):
-    """Cached generation (REFERENCES §2 "Inference"): the prompt is context, the new tokens one
+    """Cached generation (docs/papers/double_decoder.md#generation): the prompt is context, the new tokens one
     block from its last token on (`nsl.models.dd_decode.generate`)."""
     return dd_decode.generate(self, params, prompt_BN, new_tokens, temperature=temperature, rng=rng)
 

@@ -1,7 +1,7 @@
 """The Family interface: what the trainer, describe mode and the records need from a model.
 
 A family is everything that makes an architecture differ from the standard transformer and
-nothing else (DESIGN "Families share one trunk"). The trainer only calls `init`, `loss`,
+nothing else (docs/design.md#families). The trainer only calls `init`, `loss`,
 `eval_nll`, `dummy_batch`, `param_counts` and `flops_per_token`; it knows nothing about any
 family. The evaluations (nsl/evals, the LIFT teacher) read a run only through `token_logits`,
 `feeds`, `rule`, `layout` and `with_rule`, the decoders through `slot_plan`, `generate` and
@@ -40,7 +40,7 @@ class Family:
   # with the slots of `slot_plan`: what `nsl.decode`'s KV-cache decoder generates from.
   decodes_with_trunk: bool = False
   # The family drafts tokens with a learned latent dynamics model (NextLat's p_ψ): what
-  # self-speculative decoding (`nsl.speculative`, REFERENCES §4) needs.
+  # self-speculative decoding (`nsl.speculative`, docs/papers/nextlat.md#speculative-decoding) needs.
   drafts_with_dynamics: bool = False
 
   def __init__(self, config):
@@ -104,7 +104,7 @@ class Family:
 
   # -- generation -------------------------------------------------------------------------------
   def slot_plan(self):
-    """The `nsl.decode.SlotPlan` of the KV-cache decoder (REFERENCES §1): one persistent slot
+    """The `nsl.decode.SlotPlan` of the KV-cache decoder (docs/papers/sps.md#kv-cache): one persistent slot
     per token, read out at itself, under `rule` (SPS: its variant's slot groups). A family whose
     model is not the standard trunk has no such plan: a one-line ConfigError."""
     if not self.decodes_with_trunk:
@@ -118,7 +118,7 @@ class Family:
     """`new_tokens` tokens after the prompt [B, N] (one document per row): (tokens [B, new_tokens]
     int32, logits [B, new_tokens, V]), logits[:, k] the distribution token k was drawn from
     (greedy at `temperature` 0). Here the shared KV-cache decoder `nsl.decode.generate` on
-    `slot_plan()` (REFERENCES §1), so a family without one raises its ConfigError; LIFT and the
+    `slot_plan()` (docs/papers/sps.md#kv-cache), so a family without one raises its ConfigError; LIFT and the
     double decoder generate with their own decoders."""
     from nsl import decode
 
@@ -165,7 +165,7 @@ class Family:
 
 def train_flops_per_token(matmul_params_per_token: float, attention_pairs_per_token: float,
                           n_layers: int, d_model: int) -> float:
-  """Training FLOPs per token (REFERENCES §5 "Counting"): 6 per matmul weight used per token
+  """Training FLOPs per token (docs/papers/scaling_laws.md#counting): 6 per matmul weight used per token
   (forward 2, backward 4), plus attention: QKᵀ and AV cost 4·d FLOPs per visible (q, k) pair per
   layer forward, ×3 for training, counting only visible pairs of the mask."""
   return 6.0 * matmul_params_per_token + 12.0 * n_layers * d_model * attention_pairs_per_token

@@ -5,7 +5,7 @@ no family reads a field with its own `.get(field, default)`.
 
 Where they live in a config is unchanged (a new option, such as `latent`, is written into every
 nextlat config by `nextlat_section` and so changes those configs' grid run ids):
-`config.model.nextlat` (REFERENCES §4: loss weights λ_h, λ_KL, rollout horizon d, dynamics MLP
+`config.model.nextlat` (docs/papers/nextlat.md#losses: loss weights λ_h, λ_KL, rollout horizon d, dynamics MLP
 width, self-speculative draft length, whether the latent losses train the embedding fed to p_ψ,
 which hidden state is the latent h; the defaults are the authors' code, docs/xcheck/nextlat.md),
 `config.model.mtp` (the number of heads d) and `config.data.answer_token` (prompt masking).
@@ -56,7 +56,7 @@ def _at_least(where: str, spec, fields: tuple[str, ...], minimum) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class NextLatSpec:
-  """`config.model.nextlat` (REFERENCES §4)."""
+  """`config.model.nextlat` (docs/papers/nextlat.md#losses)."""
 
   lambda_h: float = 1.0  # weight of L_next-h (the dynamics model's next-hidden-state loss)
   lambda_kl: float = 1.0  # weight of L_KL (the frozen head's read of the predicted states)
@@ -82,7 +82,7 @@ class NextLatSpec:
 
 @dataclasses.dataclass(frozen=True)
 class MTPSpec:
-  """`config.model.mtp` (REFERENCES §4 baselines): d heads, next token and the d - 1 after it."""
+  """`config.model.mtp` (docs/papers/nextlat.md#speculative-decoding): d heads, next token and the d - 1 after it."""
 
   horizon: int = 2
 

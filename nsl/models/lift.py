@@ -1,4 +1,4 @@
-"""LIFT: latent-state feedback with teacher supervision (REFERENCES §3).
+"""LIFT: latent-state feedback with teacher supervision (docs/papers/lift.md#definitions).
 
 Every input token is paired with a *state*: a distribution over the vocabulary that summarises
 the previous position's prediction. It is projected through the tied embedding matrix and fused
@@ -6,7 +6,7 @@ with the token embedding; the model is trained to predict the next state as well
 token, and at inference feeds back its own predicted states, token by token, with a KV cache.
 
 The paper's equations were not retrievable; this file implements the simplest reading of
-REFERENCES §3, every choice configurable under `config.lift`:
+docs/papers/lift.md#definitions, every choice configurable under `config.lift`:
 
 - **State** of a logit vector z: keep the top-k logits (k = `lift.top_k`, 1024), softmax of
   z/τ over them (τ = `lift.temperature`, 1.5), zeros elsewhere (`state_from_logits`). The state
@@ -191,7 +191,8 @@ class LiftSpec:
 
 
 def default_lift_config():
-  """The `config.lift` section with REFERENCES §3 defaults (configs add it: `c.lift = ...`)."""
+  """The `config.lift` section with the paper's defaults (docs/papers/lift.md#definitions); configs add
+  it: `c.lift = ...`."""
   import ml_collections
 
   l = ml_collections.ConfigDict()
@@ -581,7 +582,7 @@ class LiftFamily(Family):
     return logits
 
   def generate(self, params, prompt_BP, new_tokens: int, *, temperature: float = 0.0, rng=None):
-    """Greedy decoding with own-state feedback (the inference rule, REFERENCES §3): the
+    """Greedy decoding with own-state feedback (the inference rule, docs/papers/lift.md#variants): the
     prompt's tokens are fed in order (its states are the model's own too), then each argmax
     token, through the cached trunk; lift_no_states is fed b instead (`inference_feed`).
     -> (tokens [B, new_tokens], logits [B, new_tokens, V]), logits[:, k] those token k is the

@@ -1,4 +1,4 @@
-"""NextLat (next-latent prediction, REFERENCES §4) and the multi-token-prediction baseline MTP.
+"""NextLat (next-latent prediction, docs/papers/nextlat.md#losses) and the multi-token-prediction baseline MTP.
 
 NextLat is the standard transformer (same trunk, same next-token loss) plus a latent dynamics
 model p_ψ that predicts the next final-layer hidden state from the current one and the next
@@ -45,7 +45,7 @@ after the prompt; see nsl/data/tasks). A batch that carries `labels` is honoured
 Variants of family `nextlat`: `nextlat` (the above) and `gpt` (no dynamics model: the same
 trunk, prompt masking and records, the GPT baseline of the planning tasks).
 
-Family `mtp` (Gloeckle et al. 2024 style, REFERENCES §4 baselines): d heads on the shared trunk;
+Family `mtp` (Gloeckle et al. 2024 style, docs/papers/nextlat.md#speculative-decoding): d heads on the shared trunk;
 head 1 is the plain head (next token), head i ≥ 2 is a residual GELU MLP on h then RMSNorm then
 the shared head, predicting token t+i; loss = mean over heads of their masked CE.
 
@@ -314,7 +314,7 @@ class NextLatFamily(LatentFamily):
   @property
   def drafts_with_dynamics(self) -> bool:
     """Variant `nextlat` has the dynamics model p_ψ self-speculative decoding drafts with
-    (REFERENCES §4); its `gpt` baseline does not."""
+    (docs/papers/nextlat.md#losses); its `gpt` baseline does not."""
     return self.variant == "nextlat"
 
   def make_model(self):

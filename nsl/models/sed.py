@@ -1,4 +1,5 @@
-"""SED: the span-corruption encoder-decoder baseline of the double-decoder paper (REFERENCES §2).
+"""SED: the span-corruption encoder-decoder baseline of the double-decoder paper
+(docs/papers/double_decoder.md#baselines).
 
 Each packed row of `seq_len` tokens is span-corrupted on the fly from the step's rng
 (`nsl.data.span_corruption`: noise density 0.15, mean span 4, 100 sentinels at the top of the
@@ -41,7 +42,7 @@ TOKENIZER_VOCAB = {"gpt2": 50257, "byte": 257}
 
 @dataclasses.dataclass(frozen=True)
 class SEDSpec:
-  """SED's options with their defaults (REFERENCES §2, T5's span corruption), read once from
+  """SED's options with their defaults (docs/papers/double_decoder.md#baselines, T5's span corruption), read once from
   the loose `config.model` fields the configs set (configs/dd.py) and checked in
   `SEDFamily.validate`: one home instead of a `.get(field, default)` at every use."""
 

@@ -1,4 +1,4 @@
-"""The SPS family: state-prediction separation and its baselines (REFERENCES §1).
+"""The SPS family: state-prediction separation and its baselines (docs/papers/sps.md#definitions).
 
 A sequence of T tokens becomes 2T slots: the token x_i and a learned `<predict>` vector ρ_i. By
 default (`config.model.predict_embedding = "tied"`, the SPS authors' model and the paper's "ρ id
@@ -6,7 +6,7 @@ default (`config.model.predict_embedding = "tied"`, the SPS authors' model and t
 also an output class of the tied head (its logit is trained down at every read-out) and
 weight-decayed with the embedding matrix. `"separate"` keeps ρ as its own d-vector parameter
 `predict_embedding` (not an output class, not decayed; nsl's earlier model, which learned
-measurably slower on the cross-check of README "SPS"). Both count as embedding parameters. Both slots of
+measurably slower on the cross-check, docs/papers/sps.md#layout). Both count as embedding parameters. Both slots of
 pair i carry `tok = i` (also their RoPE position), `pos = 2i + j` (the interleaved slot index,
 j = 0 for x and 1 for ρ; causality reads it), `segment` = the document id of token i, and a
 `kind` fixed by the variant:
@@ -49,7 +49,7 @@ VARIANTS = ("sps", "twox_memory", "delayed_state", "reverse_sps", "standard")
 SLOT_VARIANTS = VARIANTS[:4]
 LAYOUTS = masks.ORDERS  # physical slot orders, `masks.Layout.grouped`
 # Default physical layout when `config.model.layout` is absent, measured on CPU (2 cores, 4 layers,
-# d 256, 4 heads, batch 8, w 64, README "SPS and its baselines"). With the CPU attention kernel
+# d 256, 4 heads, batch 8, w 64, docs/papers/sps.md#layout). With the CPU attention kernel
 # (64-tiles), attention forward + backward per layer at 2048 slots (1024 tokens) 0.37 s stream-major
 # vs 0.61 s interleaved (the temporary keys' band leaves whole tiles empty), at 512 slots 0.043 vs
 # 0.042 s; train steps (tok/s, 2026-12-04) at 1024 tokens 876/697/593 vs 694/614/643 (compare.py's
@@ -279,7 +279,7 @@ class SPSFamily(Family):
                           f"multiple of 64), or set config.model.predict_embedding='separate'")
 
   def slot_plan(self):
-    """The decoder's token groups (REFERENCES §1): the variant's slot kinds and read-out slot
+    """The decoder's token groups (docs/papers/sps.md#kv-cache): the variant's slot kinds and read-out slot
     (`SPECS`) in its prefill layout, ρ from `predict_vector`; `standard` is one slot per token."""
     if self.variant == "standard":
       return super().slot_plan()

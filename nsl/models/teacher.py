@@ -1,4 +1,4 @@
-"""Frozen LIFT teachers (REFERENCES §3 "Teacher"): any nsl run with the same tokenizer.
+"""Frozen LIFT teachers (docs/papers/lift.md#teacher): any nsl run with the same tokenizer.
 
 On the fly: `config.lift.teacher = RUN_DIR`; `Teacher.load` restores the run's latest parameters
 (frozen: they are constants of the student's step, never in its optimizer) and

@@ -1,4 +1,4 @@
-"""The standard decoder-only transformer: embed, the shared trunk, the tied head (REFERENCES §1)."""
+"""The standard decoder-only transformer: embed, the shared trunk, the tied head (docs/papers/sps.md#architecture)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`attend(q, k, v, rule, q_slots, k_slots, impl=...)`: attention under an nsl mask rule.
 
-Implementations (DESIGN "Masks are data"; all evaluate `nsl.nn.masks.visible`):
+Implementations (docs/design.md#masks; all evaluate `nsl.nn.masks.visible`):
 - `xla`:     the dense reference: materialise the [Sq, Sk] mask, one softmax. O(S²) memory.
 - `chunked`: memory-efficient attention over (query chunk, key chunk) tiles, written in XLA. Only
              the tiles that the static block map (`nsl.nn.masks.block_map`) marks non-empty are
@@ -14,7 +14,7 @@ Implementations (DESIGN "Masks are data"; all evaluate `nsl.nn.masks.visible`):
              it can express (`nsl.kernels.cudnn`: the plain token layout with causality, a
              sliding window and document ids).
 - `flash_cpu` (CPU): the C++ XLA FFI kernel of `nsl.kernels.flash_cpu` (the row schedule's math,
-             1.7-2.5× faster than it forward + backward; README "Benchmarks").
+             1.7-2.5× faster than it forward + backward; docs/benchmarks.md#profiles).
 `auto` tries, per call, the platform's kernels in order (`AUTO_ORDER`: splash on TPU; cudnn then
 pallas_gpu on GPU; flash_cpu on CPU) and takes the first that is available and takes this call
 (`auto_choice`), else chunked; the platform is the context mesh's (`nsl.sharding.platform`), not
@@ -174,8 +174,9 @@ def _kernel_available(impl: str) -> bool:
 def merge_lse(out_a, lse_a, out_b, lse_b):
   """Exact merge of two attentions over disjoint key sets: one softmax over their union.
 
-  O = σ(lse_a − lse_b)·O_a + (1 − σ(lse_a − lse_b))·O_b (REFERENCES §2, ComboAttention);
-  lse = logaddexp(lse_a, lse_b). Handles rows where either side saw no key (lse = -inf).
+  O = σ(lse_a − lse_b)·O_a + (1 − σ(lse_a − lse_b))·O_b (ComboAttention,
+  docs/papers/double_decoder.md#decoders); lse = logaddexp(lse_a, lse_b). Handles rows where
+  either side saw no key (lse = -inf).
   """
   lse = jnp.logaddexp(lse_a, lse_b)
   safe = jnp.where(jnp.isneginf(lse), 0.0, lse)

@@ -2,11 +2,11 @@
 
 `layers.Attention`, `Block` and `Stack` take an optional `(cache, step)` and then return
 `(cache, y)` (Flax gemma's `(x, cache) -> (cache, y)`): one path, one parameter tree, for
-training (no cache), prefill and decode (DESIGN "Families share one trunk"). A *step* describes
+training (no cache), prefill and decode (docs/design.md#families). A *step* describes
 the new slots of one call: their per-slot metadata (`pos`, `tok`, `kind`, `segment`, as in
 `nsl.nn.masks`) and the cache entry each one is written to.
 
-Layout of the cache, per layer and row (REFERENCES §1 "KV cache" of SPS): the first
+Layout of the cache, per layer and row (docs/papers/sps.md#kv-cache): the first
 `n_persistent` entries hold persistent slots in token order (slot r of token t at `t·P + r`,
 P = persistent slots per token), then a **ring** of `ring` = w entries holding the temporary slot
 of the last w tokens (token t at `n_persistent + t mod w`). A query at token t sees temporary keys

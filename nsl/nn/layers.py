@@ -1,4 +1,4 @@
-"""Shared building blocks of every family (REFERENCES §1 architecture).
+"""Shared building blocks of every family (docs/papers/sps.md#architecture).
 
 Pre-norm RMSNorm, rotary position embeddings, SwiGLU MLP with hidden 3d, no biases, tied input
 embedding and output head. Small general options for other papers' trunks (the double-decoder
@@ -167,7 +167,7 @@ def dense(x, w, n_in: int = 1, *, transpose_w: bool = False, preferred_element_t
   On CPU (the context mesh's platform) as one 2-D matmul over all leading positions [B·S, in]:
   XLA:CPU runs the weight gradient of a 3-D contraction (batch and length contracted together)
   far slower, measured on 2 cores at 8 × 256 tokens, d 256: SwiGLU forward + backward 127 -> 53
-  ms (the train step: README "Benchmarks"). Elsewhere one `dot_general` over the original axes,
+  ms (the train step: docs/benchmarks.md#profiles). Elsewhere one `dot_general` over the original axes,
   as the einsum lowers: libtpu's memory-space assignment aborted the process on the reshaped
   form of LIFT's state embedding (a check failure, not an exception)."""
   from nsl import sharding
@@ -279,7 +279,8 @@ class Embedder(nn.Module):
     """`masked_cross_entropy(self.decode(h), targets, weights)`, equal to it; on CPU without the
     [B·S, V] logits (`head_cross_entropy`)."""
     from nsl import sharding
-    if sharding.platform() != "cpu":  # the accelerators' fits (README) are of the logits path
+    # The accelerators' fits (docs/guide/pods.md#what-fits-where) are of the logits path.
+    if sharding.platform() != "cpu":
       return masked_cross_entropy(self.decode(h_BSD), targets_BS, weights_BS)
     scale = 1.0 if self.dims.logit_scale is None else self.dims.logit_scale
     d = h_BSD.shape[-1]
@@ -533,7 +534,7 @@ def next_token_targets(batch: dict[str, Any]):
   """Inputs, targets and loss weights of a packed batch of `seq_len + 1` tokens.
 
   A target counts iff input and target are in the same document and not padding (segment 0):
-  the target after an EOS (the next document's first token) is ignored (REFERENCES §1 "Loss").
+  the target after an EOS (the next document's first token) is ignored (docs/papers/sps.md#loss).
 
   Labelled task data (a batch with `labels`, aligned with `tokens`, -1 = none; see
   nsl/data/tasks): the target of input i is `labels[i]` instead of the next token, counted iff
@@ -570,13 +571,13 @@ def head_cross_entropy(h_ND, embedding_VD, targets_N, weights_N, scale: float = 
 
   Why: the logits path materialises [N, V] float32 buffers (`strace` at 8 × 1024 tokens: a 3.3 GB
   temporary mapped and unmapped per step); measured forward + backward of head and loss alone on 2
-  cores: 3-7% faster at 2048 rows, 7-14% at 8192 rows (README "Against the SPS authors' code").
+  cores: 3-7% faster at 2048 rows, 7-14% at 8192 rows (docs/benchmarks.md#current).
   The gradient of the mean NLL with respect to the logits is (softmax − onehot) · w / Σw, known
   in the forward pass because the loss ends the graph; the backward pass only scales it.
   `targets` and `weights` are data: no gradient flows to them (zeros).
 
   On a single-device CPU computation the C++ kernel `nsl.kernels.head_cpu` runs it (same contract,
-  1.2-1.4× faster than this scan on 2 cores at 2048 × 50,304; README "Benchmarks") wherever it
+  1.2-1.4× faster than this scan on 2 cores at 2048 × 50,304; docs/benchmarks.md#profiles) wherever it
   applies (`head_cpu.supports`)."""
   from nsl.kernels import head_cpu
   if head_cpu.supports(h_ND, embedding_VD):

@@ -1,4 +1,4 @@
-"""Attention visibility as data: a static rule over per-slot metadata (DESIGN "Masks are data").
+"""Attention visibility as data: a static rule over per-slot metadata (docs/design.md#masks).
 
 Every attention in every family asks "may query slot q see key slot k?". The answer is one
 pure function, `visible(rule, q, k)`, over per-slot metadata:
@@ -47,7 +47,7 @@ class Rule:
                      (the Δℓ(M_ω) probe of SPS §1; for an all-persistent layout this is a plain
                      sliding window). None = unbounded.
   block:             None, 'same' (`block(q) == block(k)`) or 'earlier'
-                     (`block(k) < block(q)`), the double-decoder rules of REFERENCES §2.
+                     (`block(k) < block(q)`), the double-decoder rules (docs/papers/double_decoder.md#masks).
   sink:              with block='earlier': the key at `tok == 0` is also visible (so block 0
                      has a non-empty row).
   """
@@ -151,7 +151,7 @@ class Layout:
     """G = len(kinds) slots per token, slot j of token i of kind `kinds[j]`, in physical `order`.
 
     Logical order is always token-major: slot j of token i has `pos = G·i + j` and `tok = i`
-    (for SPS, G = 2 and the pair (x_i, ρ_i) sits at 2i and 2i + 1, REFERENCES §1). The physical
+    (for SPS, G = 2 and the pair (x_i, ρ_i) sits at 2i and 2i + 1, docs/papers/sps.md#layout). The physical
     order is `interleaved` (the logical order, [x1, ρ1, x2, ρ2, …]) or `stream_major` (every
     token's slot 0, then every token's slot 1, …: [x1..xT | ρ1..ρT]). The one place a
     family's per-token slot groups become per-slot metadata (the model, prefill, tests and

@@ -1,6 +1,7 @@
 """μP, the maximal update parametrisation (Yang et al. 2022, "Tensor Programs V"), for the
 double decoder, SED and decoder-only: the double-decoder paper trains all three with μP at base
-width 64 and tunes its LRs (DD 0.01, SED 0.004, decoder-only 0.01) at that base (REFERENCES §2).
+width 64 and tunes its LRs (DD 0.01, SED 0.004, decoder-only 0.01) at that base
+(docs/papers/double_decoder.md#training).
 
 `model.mup_base_width = B` turns it on (0 or None = off, standard parametrisation: the default
 of every config, and the only choice for the other families). With the width multiplier

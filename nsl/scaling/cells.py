@@ -1,4 +1,4 @@
-"""A grid cell on disk: its definition and the files of its directory (REFERENCES §5).
+"""A grid cell on disk: its definition and the files of its directory (docs/papers/scaling_laws.md#practice).
 
 Every cell of a grid owns ROOT/<run_id>/ with
   cell.json    the `Cell` (base config, overrides, labels, size, steps, tokens);

@@ -1,4 +1,5 @@
-"""Scaling grids: definition files -> cells -> runs, resumable across runner kills (REFERENCES §5).
+"""Scaling grids: definition files -> cells -> runs, resumable across runner kills
+(docs/papers/scaling_laws.md#practice).
 
   python -m nsl.scaling.grid list   --grid=configs/grids/X.py
   python -m nsl.scaling.grid run    --grid=configs/grids/X.py --root=DIR [--backend=local|tpu|ray]

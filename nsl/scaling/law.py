@@ -130,7 +130,7 @@ def _quiet(fn):
 
 
 def start_grid() -> np.ndarray:
-  """The 4,500 starting points θ = (a, b, e, α, β) of REFERENCES §5, shape [4500, 5]."""
+  """The 4,500 starting points θ = (a, b, e, α, β) of docs/papers/scaling_laws.md#approach-3, shape [4500, 5]."""
   return np.array(list(itertools.product(*(GRID[k] for k in ("a", "b", "e", "alpha", "beta")))))
 
 

@@ -1,8 +1,8 @@
-"""Run records: the only input of the scaling analysis (DESIGN "One record format").
+"""Run records: the only input of the scaling analysis (docs/reference/records.md).
 
 A grid root holds one directory per run, `ROOT/<run_id>/` or one level deeper
 `ROOT/<group>/<run_id>/`; a run directory is one that holds `result.json` (and normally
-`config.json`). Only runs whose `status` is "done" are analysed (REFERENCES §5, Marin practice:
+`config.json`). Only runs whose `status` is "done" are analysed (docs/papers/scaling_laws.md#practice, Marin:
 "analysis reads only finished records"); the others are counted by status so a report can say
 what it left out.
 """

@@ -1,4 +1,5 @@
-"""The grid runner: a grid's unfinished cells through a backend, resumable across kills (REFERENCES §5).
+"""The grid runner: a grid's unfinished cells through a backend, resumable across kills
+(docs/papers/scaling_laws.md#practice).
 
 `Runner(cells, root, backend).run()` gives every cell ROOT/<run_id>/ (`nsl.scaling.cells`),
 owns it through its lock (`nsl.scaling.locks`) while the backend (`nsl.scaling.backends`) runs

@@ -1,7 +1,7 @@
 """The training loop: data, jitted steps on the mesh, logging, evaluation, checkpoints, preemption.
 
 Knows nothing about any family: it asks the Family for `init`, `loss`, `param_counts` and
-`flops_per_token`, and records every run in the one record format (DESIGN).
+`flops_per_token`, and records every run in the one record format (docs/design.md#checkpoints).
 """
 
 from __future__ import annotations

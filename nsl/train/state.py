@@ -1,4 +1,4 @@
-"""TrainState, the AdamW optimizer and the learning-rate schedule (REFERENCES §1 "Training")."""
+"""TrainState, the AdamW optimizer and the learning-rate schedule (docs/papers/sps.md#training)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class TrainState:
 
 def lr_schedule(config) -> optax.Schedule:
   """wsd: linear warmup to the peak, constant, then linear decay over the last `decay_steps` to
-  `min_lr_ratio`·peak (REFERENCES §1). cosine: warmup then cosine to `min_lr_ratio`·peak."""
+  `min_lr_ratio`·peak (docs/papers/sps.md#training). cosine: warmup then cosine to `min_lr_ratio`·peak."""
   t = config.train
   peak, floor = t.lr, t.lr * t.min_lr_ratio
   warmup = optax.linear_schedule(0.0, peak, max(t.warmup_steps, 1))

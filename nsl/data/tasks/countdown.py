@@ -1,4 +1,4 @@
-"""Countdown (REFERENCES §4 "Countdown"; Gandhi et al. 2024 format).
+"""Countdown (docs/papers/nextlat.md#tasks; Gandhi et al. 2024 format).
 
 Given 4 numbers and a target, combine the numbers with + - * / (each used once, intermediate
 results positive integers) to reach the target. Problems are generated backwards (random
@@ -9,7 +9,7 @@ Token layout (vocab 10_011): every integer 0..10_000 is one token (its own id), 
   10001 ','   10002 '|' (answer marker)   10003 '+'   10004 '-'   10005 '*'   10006 '/'
   10007 '='   10008 <pause>   10009 EOS   10010 PAD
 
-One document (36 tokens; REFERENCES example `14,83,88,91,23 | 83-14=69, 91-88=3, 69/3=23`):
+One document (36 tokens; the example of docs/papers/nextlat.md#tasks, `14,83,88,91,23 | 83-14=69, 91-88=3, 69/3=23`):
 
   n1 , n2 , n3 , n4 , target <pause>×8 | a op b = c , a op b = c , a op b = c EOS
   \\___________________ prompt (18 tokens) ________/ \\_________ target (18) _________/

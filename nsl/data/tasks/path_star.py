@@ -1,4 +1,4 @@
-"""Path-star graphs G_{d,ℓ} (Bachmann & Nagarajan 2024; REFERENCES §4 "Path-Star").
+"""Path-star graphs G_{d,ℓ} (Bachmann & Nagarajan 2024; docs/papers/nextlat.md#tasks).
 
 A centre node with d arms of ℓ-1 nodes each; node labels are d(ℓ-1)+1 distinct values drawn
 from 100. The task: given the (shuffled, directed outward) edge list, the start (the centre)

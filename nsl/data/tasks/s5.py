@@ -1,4 +1,4 @@
-"""S5 state tracking (REFERENCES §3): compose permutations of 5 elements.
+"""S5 state tracking (docs/papers/lift.md#s5): compose permutations of 5 elements.
 
   python -m nsl.data.tasks.s5 --out=data/s5 [--train_sequences=200000] [--seed=0]
 
@@ -7,7 +7,7 @@ permutation p maps i -> p[i]; applying generator g to state s gives g∘s, (g∘
 The 12 fixed generators (`GENERATORS`, ids 120..131):
   the 4 adjacent transpositions (0 1) (1 2) (2 3) (3 4); the 5-cycle (0 1 2 3 4) and its
   inverse; the 3-cycles (0 1 2), (2 3 4) and their inverses; the double transpositions
-  (0 1)(2 3) and (1 2)(3 4). (The paper's own 12 are not recorded in REFERENCES §3.)
+  (0 1)(2 3) and (1 2)(3 4). (The paper does not list its own 12: docs/papers/lift.md#s5.)
 
 A sequence of length N: tokens `[s0, g1, ..., gN, EOS]` with a uniformly random initial state
 s0 (a state token) and N uniform generators; labels aligned with the tokens
