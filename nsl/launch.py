@@ -1,5 +1,6 @@
-"""The front door: `python -m nsl.launch --config=configs/X.py[:ARG] --workdir=DIR [--config.a.b=v]`.
+"""Trains a model from a config and records the run, or describes the config without training.
 
+`python -m nsl.launch --config=configs/X.py[:ARG] --workdir=DIR [--config.a.b=v]`, the front door.
 Modes: `train` (default) trains and records the run; `describe` prints one JSON line with the
 parameter counts, FLOPs per token and tokens per step from shapes only.
 Multi-process: `--coordinator_address --num_processes --process_id` (or the environment

@@ -131,7 +131,6 @@ def main() -> int:
     for module in group:
       lines += section(module)
   text = "\n".join(lines).rstrip() + "\n"
-  text = re.sub(r" (of|in) REFERENCES §\d+", "", text)  # a docstring's citation; the docs state the facts
   with open(os.path.join(ROOT, "docs", "reference", "cli.md"), "w", encoding="utf-8") as f:
     f.write(text)
   print(f"docs/reference/cli.md: {len(listed)} commands")
