@@ -17,7 +17,7 @@ def _env(**extra):
 def _run(env):
   out = subprocess.run([sys.executable, "-m", "nsl"], env=env, capture_output=True, text=True, check=True)
   assert out.stderr == ""
-  return out.stdout.strip().split("host huge pages: ")[1]
+  return out.stdout.split("host huge pages: ")[1].splitlines()[0].strip()  # its line of `python -m nsl`
 
 
 def test_nsl_module_reads_only_python_dash_m_nsl_command_lines():

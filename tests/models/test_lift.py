@@ -456,4 +456,10 @@ def test_feedback_decode_reads_each_layers_kv_in_place():
   k_l, v_l = (2, d.n_heads, d.head_dim, 9), (2, d.n_heads, 9, d.head_dim)  # rows, heads, prompt + new slots
   assert "while" in hlo and not hlo_text.copies_outside_entry(hlo, {hlo_text.shape(k_l), hlo_text.shape(v_l)})
   big = hlo_text.large_values_in_loops(hlo, int(np.prod(k_l)))
-  assert big.count(hlo_text.shape(k_l)) == big.count(hlo_text.shape(v_l)) == d.n_layers, big
+  if 'custom_call_target="nsl_decode_cpu_write"' in hlo:
+    # The CPU decode kernel takes this head size on this host (it depends on the SIMD width): it
+    # writes each layer's new K/V into the aliased cache itself, one call per layer, so the loop
+    # materialises no cache-sized value at all.
+    assert hlo.count('custom_call_target="nsl_decode_cpu_write"') == d.n_layers and big == [], big
+  else:
+    assert big.count(hlo_text.shape(k_l)) == big.count(hlo_text.shape(v_l)) == d.n_layers, big

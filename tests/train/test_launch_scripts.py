@@ -23,8 +23,10 @@ def test_tpu_pod_runs_the_launcher_on_every_worker():
 def test_gpu_slurm_script_passes_the_process_layout():
   out = _dry("gpu_slurm.sh", "2", "configs/sps.py:standard_xl", "/shared/xl", GPUS_PER_NODE="4")
   assert "#SBATCH --nodes=2" in out and "#SBATCH --gpus-per-node=4" in out
-  assert "--num_processes=$SLURM_NTASKS --process_id=$SLURM_PROCID" in out
-  assert "--coordinator_address=" in out and "nsl.launch --config=configs/sps.py:standard_xl" in out
+  # the expanded commands each node runs are checked against a fake srun in tests/test_launch_slurm.py
+  assert '--num_processes="$SLURM_NTASKS" --process_id="$SLURM_PROCID"' in out
+  assert "--coordinator_address=" in out and "-m nsl.launch" in out
+  assert "--config=" + str(ROOT) + "/configs/sps.py:standard_xl" in out
 
 
 def test_scripts_reject_missing_arguments():
