@@ -2,7 +2,7 @@
 // formed in the same pass, as one XLA FFI custom call.
 //
 // Why this exists: at nsl's small CPU sizes the 50k-way head is most of a step's FLOPs (78% at
-// d 256, 4 layers), and XLA:CPU runs `nsl.nn.layers.head_cross_entropy`'s chunked scan as three
+// d 256, 4 layers), and XLA:CPU runs `nsl.nn.cross_entropy.head_cross_entropy`'s chunked scan as three
 // [1024, 256] × [256, 50304]-sized dots at ~80-100 GFLOP/s on 2 cores plus five passes over a
 // 206 MB logits block; here the three products run in the register-blocked micro-kernel on
 // cache-sized tiles and the softmax is applied while a tile is hot (docs/benchmarks.md#profiles).

@@ -1,6 +1,6 @@
 """The tied head and its cross-entropy on the CPU in one C++ XLA FFI call (`head_cpu.cc`).
 
-`nsl.nn.layers.head_cross_entropy` runs this on a single-device CPU computation whenever
+`nsl.nn.cross_entropy.head_cross_entropy` runs this on a single-device CPU computation whenever
 d_model and the vocabulary are multiples of the kernel's panel width (16 with AVX2, 64 with
 AVX-512; the GPT-2 vocabulary of 50,304 is both), and its chunked XLA scan otherwise (a mesh of
 several devices included: the call is opaque to the partitioner). Same contract: the weighted mean
@@ -46,7 +46,7 @@ def supports(h_ND, embedding_VD) -> bool:
 
 
 def cross_entropy(h_ND, embedding_VD, targets_N, weights_N, scale: float = 1.0):
-  """Weighted mean NLL of `scale · h Eᵀ` and the weight sum (`layers.head_cross_entropy`'s contract)."""
+  """Weighted mean NLL of `scale · h Eᵀ` and the weight sum (`cross_entropy.head_cross_entropy`'s contract)."""
   if (reason := cpu_build.load()) is not None:
     raise RuntimeError(f"the CPU head kernel is unavailable: {reason}")
   return _head(h_ND, embedding_VD, targets_N, weights_N, float(scale))

@@ -30,9 +30,9 @@ def token_nll(family, params, batch: dict[str, Any], model=None, **feed):
   """(nll [B, T], weights [B, T]): per-target negative log-likelihood of `family.token_logits`
   (under `model`, e.g. `family.with_rule(...)`, and the family's `feed` options) and whether the
   target counts."""
-  from nsl.nn import layers
+  from nsl.nn import cross_entropy
 
-  _, targets, _, weights = layers.next_token_targets(batch)
+  _, targets, _, weights = cross_entropy.next_token_targets(batch)
   logits = family.token_logits(params, batch, model=model, **feed)
   nll = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
   return nll * weights, weights

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from nsl.nn import attention
+from nsl.nn import attention, cross_entropy
 from nsl.errors import ArgumentParser, NslError, cli_main
 from nsl import runs
 
@@ -57,7 +57,7 @@ def perturbed_nll(family, params, batch, deltas, impl: str | None = None):
   from nsl.nn import layers
 
   dims, plan = family.dims, family.slot_plan()
-  inputs, targets, seg_in, weights = layers.next_token_targets(batch)
+  inputs, targets, seg_in, weights = cross_entropy.next_token_targets(batch)
   b, t = inputs.shape
   g = plan.group
   lay = plan.prompt_layout(t)
@@ -102,11 +102,11 @@ def zero_deltas(family, batch_rows: int, num_tokens: int):
 def slot_grad_norms(family, params, batch, chunk: int = 8, impl: str | None = None):
   """Squared norms ‖∇θ_s ℓ_j‖² for every read-out position j and slot s: [T, B, T, G] with the
   slot axis in logical (token, stream) order, plus the loss weights [B, T]."""
-  from nsl.nn import layers
+  from nsl.nn import cross_entropy
 
   plan = family.slot_plan()
   params = jax.tree.map(lambda a: a.astype(jnp.float32), params)
-  _, _, _, weights = layers.next_token_targets(batch)
+  _, _, _, weights = cross_entropy.next_token_targets(batch)
   b, t = weights.shape
   deltas = zero_deltas(family, b, t)
   (nll, taps), vjp_fn = jax.vjp(lambda d: perturbed_nll(family, params, batch, d, impl), deltas)

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from nsl.errors import ConfigError, NslError
-from nsl.nn import attention, kv_cache, layers, masks
+from nsl.nn import attention, cross_entropy, kv_cache, layers, masks
 from nsl.models import dd_decode
 from nsl.models.family import Family, train_flops_per_token
 
@@ -315,7 +315,7 @@ class DoubleDecoderFamily(Family):
     return DoubleDecoder(self.dims, ctx, gen, self.separate_cross_kv)
 
   def model_inputs(self, batch):
-    inputs, _, seg_in, _ = layers.next_token_targets(batch)
+    inputs, _, seg_in, _ = cross_entropy.next_token_targets(batch)
     return inputs, seg_in, jnp.zeros((1, inputs.shape[1]), jnp.int32)
 
   def init(self, rng):
@@ -351,10 +351,10 @@ class DoubleDecoderFamily(Family):
     return (model or self.model).apply({"params": params}, inputs, seg_in, block_BT)
 
   def loss(self, params, batch, rng, step):
-    _, targets, _, weights = layers.next_token_targets(batch)
+    _, targets, _, weights = cross_entropy.next_token_targets(batch)
     block = self.loss_blocks(rng, targets.shape[1])
     logits = self.token_logits(params, batch, block_BT=block)
-    loss, weight = layers.masked_cross_entropy(logits, targets, weights)
+    loss, weight = cross_entropy.masked_cross_entropy(logits, targets, weights)
     return loss, {"weight": weight, "blocks": jnp.max(block).astype(jnp.float32) + 1.0}
 
   def generate(self, params, prompt_BN, new_tokens: int, *, temperature: float = 0.0, rng=None):

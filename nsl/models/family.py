@@ -81,7 +81,7 @@ class Family:
   def token_logits(self, params, batch: dict[str, Any], *, model: nn.Module | None = None,
                    **feed) -> jax.Array:
     """Next-token logits [B, T, V] at every input token of a batch of `seq_len + 1` tokens,
-    aligned with `layers.next_token_targets(batch)`: row t predicts target t from inputs <= t
+    aligned with `cross_entropy.next_token_targets(batch)`: row t predicts target t from inputs <= t
     (never later ones), whatever the family's layout. Packed rows are scored document by
     document. `model` is the family's model under another rule (`with_rule`), same parameters.
 

@@ -77,7 +77,7 @@ import jax.numpy as jnp
 
 from nsl import decode
 from nsl.errors import ConfigError
-from nsl.nn import kv_cache, layers, masks
+from nsl.nn import cross_entropy, kv_cache, layers, masks
 from nsl.models.family import Family, train_flops_per_token
 from nsl.models.transformer import LM, standard_rule
 
@@ -383,7 +383,7 @@ class LiftFamily(Family):
     return LiftLM(self.dims, self.rule, self.spec)
 
   def model_inputs(self, batch):
-    inputs, _, seg_in, _ = layers.next_token_targets(batch)
+    inputs, _, seg_in, _ = cross_entropy.next_token_targets(batch)
     fed = jnp.zeros(inputs.shape + (self.dims.d_model,), jnp.float32) if self.spec.has_channel else None
     return inputs, seg_in, fed
 
@@ -451,9 +451,9 @@ class LiftFamily(Family):
 
   def loss(self, params, batch, rng, step):
     s = self.spec
-    inputs, targets, seg_in, weights = layers.next_token_targets(batch)
+    inputs, targets, seg_in, weights = cross_entropy.next_token_targets(batch)
     apply = lambda fed: self.model.apply({"params": params}, inputs, seg_in, fed)
-    ce = lambda logits: layers.masked_cross_entropy(logits, targets, weights)
+    ce = lambda logits: cross_entropy.masked_cross_entropy(logits, targets, weights)
     B, T = inputs.shape
     bias = self.model.apply({"params": params}, (B, T), method=LiftLM.bias_states) if s.has_channel else None
 
@@ -528,7 +528,7 @@ class LiftFamily(Family):
     return "bias" if self.inference_feed == "bias" else "own"
 
   def token_logits(self, params, batch, *, model=None, feed: str = "own"):
-    """Next-token logits [B, T, V] aligned with `layers.next_token_targets(batch)`, packed rows
+    """Next-token logits [B, T, V] aligned with `cross_entropy.next_token_targets(batch)`, packed rows
     document by document, under a state feed (EVAL_FEEDS):
       own      the states the run feeds itself at inference (`inference_feed`): for lift and
                lift_rnn its own states fed back sequentially with the KV cache; the paper's
@@ -538,7 +538,7 @@ class LiftFamily(Family):
     distill has no channel: every feed is the plain forward."""
     if feed not in EVAL_FEEDS:
       raise ConfigError(f"feed={feed!r} must be one of {EVAL_FEEDS}")
-    inputs, targets, seg_in, weights = layers.next_token_targets(batch)
+    inputs, targets, seg_in, weights = cross_entropy.next_token_targets(batch)
     m = model or self.model
     apply = lambda fed: m.apply({"params": params}, inputs, seg_in, fed)
     if not self.spec.has_channel:
@@ -564,8 +564,8 @@ class LiftFamily(Family):
     """(sum of per-target NLL, number of targets) under a state feed (`token_logits`; default
     `lift.eval_feed`, what the trainer's eval logs)."""
     feed = feed or self.spec.eval_feed
-    _, targets, _, weights = layers.next_token_targets(batch)
-    ce, w = layers.masked_cross_entropy(self.token_logits(params, batch, feed=feed), targets, weights)
+    _, targets, _, weights = cross_entropy.next_token_targets(batch)
+    ce, w = cross_entropy.masked_cross_entropy(self.token_logits(params, batch, feed=feed), targets, weights)
     return ce * w, w
 
   def recompute_feedback_logits(self, params, tokens_BT):

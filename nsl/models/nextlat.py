@@ -40,7 +40,7 @@ may cross a document; on one document per row, path-star and countdown, the two 
 Prompt masking: with `config.data.answer_token = A >= 0`, a next-token target counts only when
 an A token occurs at or before its input position in the same document (tasks put A right
 after the prompt; see nsl/data/tasks). A batch that carries `labels` is honoured through
-`layers.next_token_targets` as for every family.
+`cross_entropy.next_token_targets` as for every family.
 
 Variants of family `nextlat`: `nextlat` (the above) and `gpt` (no dynamics model: the same
 trunk, prompt masking and records, the GPT baseline of the planning tasks).
@@ -64,7 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from nsl.nn import attention, layers, masks
+from nsl.nn import attention, cross_entropy, layers, masks
 from nsl.models.family import Family, train_flops_per_token
 from nsl.models.latent_spec import MTPSpec, NextLatSpec, answer_token
 from nsl.models.transformer import LM, standard_rule
@@ -82,8 +82,8 @@ def answer_weights(inputs_BT, seg_BT, answer_token: int):
 
 
 def task_targets(batch: dict[str, Any], answer_token: int):
-  """`layers.next_token_targets`, with prompt targets dropped when `answer_token >= 0`."""
-  inputs, targets, seg_in, weights = layers.next_token_targets(batch)
+  """`cross_entropy.next_token_targets`, with prompt targets dropped when `answer_token >= 0`."""
+  inputs, targets, seg_in, weights = cross_entropy.next_token_targets(batch)
   if answer_token >= 0:
     weights = weights * answer_weights(inputs, seg_in, answer_token)
   return inputs, targets, seg_in, weights
@@ -220,7 +220,7 @@ class LatentLM(LM):
   def losses(self, inputs_BT, targets_BT, seg_BT, weights_BT, lambda_h: float = 0.0, lambda_kl: float = 0.0):
     """(total loss, metrics) for one batch; see the module docstring."""
     z, h = self.latents(inputs_BT, seg_BT)  # z is h unless latent == "residual"
-    ce, weight = layers.masked_cross_entropy(self.logits(h), targets_BT, weights_BT)
+    ce, weight = cross_entropy.masked_cross_entropy(self.logits(h), targets_BT, weights_BT)
     metrics = {"weight": weight, "ce": ce}
     total = ce
     if self.kind == "nextlat":
@@ -243,7 +243,7 @@ class LatentLM(LM):
       ces = [ce]
       for i, head in enumerate(self.mtp_heads, start=2):
         w_i = shift_left(weights_BT, i - 1) * (seg_BT == shift_left(seg_BT, i - 1))
-        ce_i, _ = layers.masked_cross_entropy(self.logits(head(h)), shift_left(targets_BT, i - 1), w_i)
+        ce_i, _ = cross_entropy.masked_cross_entropy(self.logits(head(h)), shift_left(targets_BT, i - 1), w_i)
         ces.append(ce_i)
         metrics[f"ce_head_{i}"] = ce_i
       total = sum(ces) / len(ces)
@@ -269,7 +269,7 @@ class LatentFamily(Family):
     return answer_token(self.config)
 
   def model_inputs(self, batch):
-    inputs, _, seg_in, _ = layers.next_token_targets(batch)
+    inputs, _, seg_in, _ = cross_entropy.next_token_targets(batch)
     return inputs, seg_in
 
   def trunk_flops_per_token(self, exclude: tuple[str, ...] = ()) -> float:

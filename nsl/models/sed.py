@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from nsl.data import span_corruption
 from nsl.errors import ConfigError, NslError
-from nsl.nn import attention, layers, masks
+from nsl.nn import attention, cross_entropy, layers, masks
 from nsl.models.family import Family, train_flops_per_token
 
 ENCODER_RULE = masks.Rule(causal=False, same_segment=True)
@@ -202,7 +202,7 @@ class SEDFamily(Family):
     document's tokens, so row t predicts token t + 1 from tokens <= t. No start id or sentinel
     precedes a document in the decoder (static shapes): a document scores the same wherever it
     sits in a packed row. SED's loss and eval score spans, not these logits."""
-    inputs, _, seg_in, _ = layers.next_token_targets(batch)
+    inputs, _, seg_in, _ = cross_entropy.next_token_targets(batch)
     first = (seg_in > 0) & jnp.concatenate([jnp.ones_like(seg_in[:, :1], bool), seg_in[:, 1:] != seg_in[:, :-1]], 1)
     enc_tokens = jnp.where(first, self.dims.vocab_size - 1, 0).astype(inputs.dtype)  # sentinel 0
     enc_segment = jnp.where(first, seg_in, 0)
@@ -213,7 +213,7 @@ class SEDFamily(Family):
     logits = self.model.apply({"params": params}, c["enc_tokens"], c["enc_segment"], c["dec_inputs"],
                               c["dec_segment"])
     weights = (c["dec_segment"] > 0).astype(jnp.float32)
-    loss, weight = layers.masked_cross_entropy(logits, c["targets"], weights)
+    loss, weight = cross_entropy.masked_cross_entropy(logits, c["targets"], weights)
     return loss, {"weight": weight}
 
   def eval_nll(self, params, batch):
@@ -226,7 +226,7 @@ class SEDFamily(Family):
     logits = self.model.apply({"params": params}, c["enc_tokens"], c["enc_segment"], c["dec_inputs"],
                               c["dec_segment"])
     text = (c["dec_segment"] > 0) & (c["targets"] < self.dims.vocab_size - self.sentinels)
-    loss, weight = layers.masked_cross_entropy(logits, c["targets"], text.astype(jnp.float32))
+    loss, weight = cross_entropy.masked_cross_entropy(logits, c["targets"], text.astype(jnp.float32))
     return loss * weight, weight
 
   def flops_per_token(self) -> float:

@@ -42,7 +42,7 @@ import numpy as np
 
 from nsl.errors import ConfigError
 from nsl.models import transformer
-from nsl.nn import attention, layers, masks
+from nsl.nn import attention, cross_entropy, layers, masks
 from nsl.models.family import Family, train_flops_per_token
 
 VARIANTS = ("sps", "twox_memory", "delayed_state", "reverse_sps", "standard")
@@ -312,16 +312,16 @@ class SPSFamily(Family):
     return _abstract_params(self.dims, self.variant == "standard" or self.predict_token_id is not None, self)
 
   def model_inputs(self, batch: dict[str, Any]) -> tuple:
-    inputs, _, seg_in, _ = layers.next_token_targets(batch)
+    inputs, _, seg_in, _ = cross_entropy.next_token_targets(batch)
     return inputs, seg_in
 
   def token_logits(self, params, batch, *, model: nn.Module | None = None):
-    """Read-out logits [B, T, V] aligned with `layers.next_token_targets(batch)`: the ρ slots
+    """Read-out logits [B, T, V] aligned with `cross_entropy.next_token_targets(batch)`: the ρ slots
     (x slots for reverse_sps; every token for `standard`), `Family.token_logits`."""
     return (model or self.model).apply({"params": params}, *self.model_inputs(batch))
 
   def loss(self, params, batch, rng, step):
-    inputs, targets, seg_in, weights = layers.next_token_targets(batch)
+    inputs, targets, seg_in, weights = cross_entropy.next_token_targets(batch)
     loss, weight = self.model.apply({"params": params}, inputs, seg_in, targets, weights, method="cross_entropy")
     return loss, {"weight": weight}
 

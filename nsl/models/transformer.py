@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import flax.linen as nn
 
-from nsl.nn import attention, layers, masks
+from nsl.nn import attention, cross_entropy, layers, masks
 from nsl.models.family import Family, train_flops_per_token
 
 
@@ -60,7 +60,7 @@ class StandardFamily(Family):
     return LM(self.dims, self.rule)
 
   def model_inputs(self, batch):
-    inputs, _, seg_in, _ = layers.next_token_targets(batch)
+    inputs, _, seg_in, _ = cross_entropy.next_token_targets(batch)
     return inputs, seg_in
 
   def token_logits(self, params, batch, *, model=None):
@@ -68,7 +68,7 @@ class StandardFamily(Family):
     return (model or self.model).apply({"params": params}, *self.model_inputs(batch))
 
   def loss(self, params, batch, rng, step):
-    inputs, targets, seg_in, weights = layers.next_token_targets(batch)
+    inputs, targets, seg_in, weights = cross_entropy.next_token_targets(batch)
     loss, weight = self.model.apply({"params": params}, inputs, seg_in, targets, weights, method="cross_entropy")
     return loss, {"weight": weight}
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from nsl.data import pipeline
 from nsl.data.tasks import arithmetic, s5
-from nsl.nn import layers
+from nsl.nn import cross_entropy
 
 
 def test_generators_and_composition_table():
@@ -48,7 +48,7 @@ def test_s5_dir_pipeline_batches_and_heldout(tmp_path):
   for row_t, row_l in zip(b["tokens"], b["labels"]):
     n = int(np.argmax(row_t == s5.EOS_ID))  # one sequence per window, then EOS padding
     assert 1 <= n - 1 <= 16 and (row_l[n:] == -1).all() and (row_l[:n] >= 0).all()
-  inputs, targets, seg, w = layers.next_token_targets({k: jnp.asarray(v) for k, v in b.items()})
+  inputs, targets, seg, w = cross_entropy.next_token_targets({k: jnp.asarray(v) for k, v in b.items()})
   np.testing.assert_array_equal(targets, np.maximum(b["labels"][:, :-1], 0))
   np.testing.assert_array_equal(w, (b["labels"][:, :-1] >= 0))
   ev = list(pipeline.make_eval_batches(d, "val", seq_len=17, batch_size=3))

@@ -1,6 +1,6 @@
 """`nsl.kernels.head_cpu`: the C++ head + cross-entropy equals the logits path in value and in both
 gradients (row blocks, a short vocabulary chunk, zero weights, a logit scale), is what
-`layers.head_cross_entropy` runs on one CPU device, and is left to the XLA scan elsewhere."""
+`cross_entropy.head_cross_entropy` runs on one CPU device, and is left to the XLA scan elsewhere."""
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from nsl.kernels import cpu_build, head_cpu
-from nsl.nn import layers
+from nsl.nn import cross_entropy
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,7 +31,7 @@ def _inputs(n, d, v, seed=0, zero_frac=0.2):
 
 
 def _logits_path(h, e, t, w, scale):
-  return layers.masked_cross_entropy(scale * (h @ e.T), t, w)
+  return cross_entropy.masked_cross_entropy(scale * (h @ e.T), t, w)
 
 
 @pytest.mark.parametrize("n,scale", [(7, 1.0), (256, 0.25), (600, 1.0)])
@@ -87,14 +87,14 @@ def _runs_kernel(fn, *args) -> bool:
 def test_layers_dispatch_to_the_kernel_where_it_applies():
   d, v = _shapes()
   h, e, t, w = _inputs(8, d, v)
-  grad = lambda h, e: jax.grad(lambda h, e: layers.head_cross_entropy(h, e, t, w)[0], (0, 1))(h, e)
+  grad = lambda h, e: jax.grad(lambda h, e: cross_entropy.head_cross_entropy(h, e, t, w)[0], (0, 1))(h, e)
   assert _runs_kernel(grad, h, e)
   h2, e2, t2, w2 = _inputs(8, 12, 97)  # d and V off the panel width: the XLA scan
-  assert not _runs_kernel(lambda h, e: layers.head_cross_entropy(h, e, t2, w2)[0], h2, e2)
+  assert not _runs_kernel(lambda h, e: cross_entropy.head_cross_entropy(h, e, t2, w2)[0], h2, e2)
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
   if len(jax.devices()) >= 2:  # an opaque call is not partitioned: several devices keep the scan
     with jax.set_mesh(mesh):
-      assert not _runs_kernel(lambda h, e: layers.head_cross_entropy(h, e, t, w)[0], h, e)
+      assert not _runs_kernel(lambda h, e: cross_entropy.head_cross_entropy(h, e, t, w)[0], h, e)
 
 
 def test_a_target_outside_the_vocabulary_is_an_error():

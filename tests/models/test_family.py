@@ -11,7 +11,7 @@ import pytest
 from nsl import config as nsl_config
 from nsl.errors import ConfigError, NslError
 from nsl.models import registry
-from nsl.nn import layers, masks
+from nsl.nn import cross_entropy, masks
 from nsl.models.family import Family
 
 # One tiny config per registered family (a new family needs one here); `load_config` resolves
@@ -52,8 +52,8 @@ def built(request):
 
 
 def _ce(logits, batch):
-  _, targets, _, weights = layers.next_token_targets(batch)
-  return layers.masked_cross_entropy(logits, targets, weights)
+  _, targets, _, weights = cross_entropy.next_token_targets(batch)
+  return cross_entropy.masked_cross_entropy(logits, targets, weights)
 
 
 def test_every_registered_family_has_a_tiny_config():
@@ -80,7 +80,7 @@ def test_token_logits_shape_and_the_eval_step(built):
   if family.name == "sed":  # SED's eval scores its corrupted spans, not next tokens
     return
   ce, w = _ce(logits, batch)
-  assert float(n) == float(w) == float(layers.next_token_targets(batch)[3].sum())
+  assert float(n) == float(w) == float(cross_entropy.next_token_targets(batch)[3].sum())
   np.testing.assert_allclose(float(s) / float(n), float(ce), rtol=1e-5)
 
 

@@ -1,4 +1,4 @@
-"""`layers.head_cross_entropy`: the tied head + masked cross-entropy in row chunks, equal to the
+"""`cross_entropy.head_cross_entropy`: the tied head + masked cross-entropy in row chunks, equal to the
 logits path in value and gradients, and (on CPU, where the trainer uses it) without a logits buffer."""
 
 import flax.linen as nn
@@ -9,11 +9,11 @@ import pytest
 
 from nsl import config as nsl_config
 from nsl.models import registry
-from nsl.nn import layers
+from nsl.nn import cross_entropy
 
 
 def _logits_path(h, e, t, w, scale):
-  return layers.masked_cross_entropy(scale * (h @ e.T), t, w)
+  return cross_entropy.masked_cross_entropy(scale * (h @ e.T), t, w)
 
 
 @pytest.mark.parametrize("n,scale", [(2500, 1.0), (2048, 0.25), (7, 1.0)])
@@ -25,19 +25,19 @@ def test_equals_the_logits_path_in_value_and_gradients(n, scale):
   h, e = jax.random.normal(k[0], (n, d)), 0.3 * jax.random.normal(k[1], (v, d))
   t = jax.random.randint(k[2], (n,), 0, v)
   w = (jax.random.uniform(k[3], (n,)) > 0.2).astype(jnp.float32)
-  fused = jax.jit(jax.value_and_grad(lambda h, e: layers.head_cross_entropy(h, e, t, w, scale)[0], (0, 1)))
+  fused = jax.jit(jax.value_and_grad(lambda h, e: cross_entropy.head_cross_entropy(h, e, t, w, scale)[0], (0, 1)))
   ref = jax.jit(jax.value_and_grad(lambda h, e: _logits_path(h, e, t, w, scale)[0], (0, 1)))
   (l1, (dh1, de1)), (l0, (dh0, de0)) = fused(h, e), ref(h, e)
   np.testing.assert_allclose(l1, l0, rtol=1e-5)
   np.testing.assert_allclose(dh1, dh0, rtol=1e-4, atol=1e-7)
   np.testing.assert_allclose(de1, de0, rtol=1e-4, atol=1e-7)
-  assert float(layers.head_cross_entropy(h, e, t, w, scale)[1]) == float(jnp.sum(w))
+  assert float(cross_entropy.head_cross_entropy(h, e, t, w, scale)[1]) == float(jnp.sum(w))
 
 
 def test_no_weight_means_zero_loss_and_zero_gradients():
   h, e = jnp.ones((4, 3)), jnp.ones((5, 3))
   t, w = jnp.zeros(4, jnp.int32), jnp.zeros(4)
-  loss, (dh, de) = jax.value_and_grad(lambda h, e: layers.head_cross_entropy(h, e, t, w)[0], (0, 1))(h, e)
+  loss, (dh, de) = jax.value_and_grad(lambda h, e: cross_entropy.head_cross_entropy(h, e, t, w)[0], (0, 1))(h, e)
   assert float(loss) == 0.0 and not np.any(dh) and not np.any(de)
 
 
@@ -59,8 +59,8 @@ def test_the_train_loss_gradient_equals_the_logits_path_and_makes_no_logits_buff
   loss_fn = lambda p: family.loss(p, batch, jax.random.PRNGKey(3), step)[0]
 
   def logits_loss(p):
-    _, targets, _, weights = layers.next_token_targets(batch)
-    return layers.masked_cross_entropy(family.token_logits(p, batch), targets, weights)[0]
+    _, targets, _, weights = cross_entropy.next_token_targets(batch)
+    return cross_entropy.masked_cross_entropy(family.token_logits(p, batch), targets, weights)[0]
 
   (l1, g1), (l0, g0) = jax.jit(jax.value_and_grad(loss_fn))(params), jax.jit(jax.value_and_grad(logits_loss))(params)
   np.testing.assert_allclose(l1, l0, rtol=1e-5)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from nsl.models import lift
-from nsl.nn import layers
+from nsl.nn import cross_entropy, layers
 from tests.helpers import fake_run
 
 V, D = 16, 16
@@ -129,9 +129,9 @@ def test_dropout_masks():
 
 
 def _ce_kl(fam, params, b, fed):
-  inputs, targets, seg, w = layers.next_token_targets(b)
+  inputs, targets, seg, w = cross_entropy.next_token_targets(b)
   logits = fam.model.apply({"params": params}, inputs, seg, fed)
-  ce, _ = layers.masked_cross_entropy(logits, targets, w)
+  ce, _ = cross_entropy.masked_cross_entropy(logits, targets, w)
   return ce, logits, targets, w
 
 
@@ -139,7 +139,7 @@ def test_loss_is_ce_plus_lambda_kl_on_fed_teacher_states():
   fam, params = family_and_params()
   b = batch()
   loss, m = jax.jit(fam.loss)(params, b, jax.random.PRNGKey(0), jnp.asarray(0))
-  inputs, targets, seg, w = layers.next_token_targets(b)
+  inputs, targets, seg, w = cross_entropy.next_token_targets(b)
   s = jax.nn.one_hot(targets, V)  # the `labels` oracle teacher: one-hot next token
   fed = fam.model.apply({"params": params}, s, seg, None, method=lift.LiftLM.fed_states)
   # The fed state at t is s_{t-1}·E (init at t=0).
@@ -158,7 +158,7 @@ def test_state_dropout_replaces_states_by_bias():
   fam, params = family_and_params(state_dropout=1.0)
   b = batch()
   loss, m = jax.jit(fam.loss)(params, b, jax.random.PRNGKey(0), jnp.asarray(0))
-  inputs, targets, seg, w = layers.next_token_targets(b)
+  inputs, targets, seg, w = cross_entropy.next_token_targets(b)
   bias = jnp.broadcast_to(params["state_bias"], inputs.shape + (D,))
   ce, logits, _, _ = _ce_kl(fam, params, b, bias)
   np.testing.assert_allclose(m["ce"], ce, rtol=1e-5)
@@ -172,7 +172,7 @@ def test_self_state_adaptation_trains_on_own_states_without_teacher(n, seed):
   assert fam.adapt_start() == 90
   loss, m = jax.jit(fam.loss)(params, b, jax.random.PRNGKey(0), jnp.asarray(95))
   assert float(m["kl"]) == 0.0
-  inputs, targets, seg, w = layers.next_token_targets(b)
+  inputs, targets, seg, w = cross_entropy.next_token_targets(b)
   if seed == "bias":
     fed = jnp.broadcast_to(params["state_bias"], inputs.shape + (D,))
   else:  # the oracle teacher's states (one-hot targets) seed the first pass
@@ -225,7 +225,7 @@ def test_variants():
   # lift_no_states: CE with b everywhere; lift_rnn: CE + λ KL on its own (cached) states.
   fam, params = family_and_params("lift_rnn")
   loss, m = jax.jit(fam.loss)(params, b, jax.random.PRNGKey(0), jnp.asarray(0))
-  inputs, targets, seg, w = layers.next_token_targets(b)
+  inputs, targets, seg, w = cross_entropy.next_token_targets(b)
   own = lift.state_from_logits(fam.feedback_logits(params, inputs), 4, 1.5)
   ce, logits, _, _ = _ce_kl(fam, params, b, fam.fed(params, own, seg))
   np.testing.assert_allclose(m["ce"], ce, rtol=1e-4)
@@ -262,7 +262,7 @@ def test_teacher_on_the_fly_precomputed_and_tokenizer_check(tmp_path):
   fam = lift.LiftFamily(sc)
   b = next(pipeline.make_train_iterator(data, seq_len=7, global_batch_size=2, seed=0))
   b = {k: jnp.asarray(v) for k, v in b.items()}
-  inputs, targets, seg, w = layers.next_token_targets(b)
+  inputs, targets, seg, w = cross_entropy.next_token_targets(b)
   states = fam.teacher_states(b, targets, w)
   want = lift.state_from_logits(tfam.model.apply({"params": tparams}, inputs, seg), 4, 1.5)
   np.testing.assert_allclose(states, want, rtol=1e-5, atol=1e-6)
@@ -337,7 +337,7 @@ def test_lift_rnn_training_keeps_packed_documents_apart():
   fam, params = family_and_params("lift_rnn")
   params = loud(params)
   b = packed_batch()
-  inputs, targets, seg, w = layers.next_token_targets(b)
+  inputs, targets, seg, w = cross_entropy.next_token_targets(b)
   train_logits = jax.jit(lambda toks, sg: fam.model.apply({"params": params}, toks, sg,
                                                           fam.rnn_fed_states(params, toks, sg)))
   base = train_logits(inputs, seg)
@@ -350,7 +350,7 @@ def test_lift_rnn_training_keeps_packed_documents_apart():
   alone = per_document(lambda t: train_logits(t, jnp.ones_like(t)), inputs, seg)
   np.testing.assert_allclose(base, alone, rtol=1e-4, atol=1e-5)
   _, m = jax.jit(fam.loss)(params, b, jax.random.PRNGKey(0), jnp.asarray(0))
-  np.testing.assert_allclose(m["ce"], layers.masked_cross_entropy(base, targets, w)[0], rtol=1e-5)
+  np.testing.assert_allclose(m["ce"], cross_entropy.masked_cross_entropy(base, targets, w)[0], rtol=1e-5)
   # The sequential pass it is fed is the inference decode, document by document.
   fb = fam.feedback_logits(params, inputs, segment_BT=seg)
   np.testing.assert_allclose(fb, per_document(lambda t: fam.recompute_feedback_logits(params, t), inputs, seg),
@@ -361,7 +361,7 @@ def test_eval_feeds():
   fam, params = family_and_params("lift")
   params = loud(params)
   b = packed_batch(1)
-  inputs, targets, seg, w = layers.next_token_targets(b)
+  inputs, targets, seg, w = cross_entropy.next_token_targets(b)
   own = fam.token_logits(params, b)
   np.testing.assert_allclose(own, fam.feedback_logits(params, inputs, segment_BT=seg), rtol=1e-6)
   teacher = fam.token_logits(params, b, feed="teacher")
@@ -397,7 +397,7 @@ def test_lift_rnn_teacher_states_are_its_own_feedback(tmp_path):
   sc.model.vocab_size, sc.data.path, sc.data.tokenizer = 136, data, "task:s5"
   fam = lift.LiftFamily(sc)
   b = packed_batch(2, vocab=136)
-  inputs, targets, seg, w = layers.next_token_targets(b)
+  inputs, targets, seg, w = cross_entropy.next_token_targets(b)
   states = fam.teacher_states(b, targets, w)
   own = per_document(lambda t: tfam.feedback_logits(tparams, t), inputs, seg)  # each document decoded alone
   np.testing.assert_allclose(states, lift.state_from_logits(own, 4, 1.5), rtol=1e-4, atol=1e-5)
@@ -413,7 +413,7 @@ def test_lift_rnn_teacher_states_are_its_own_feedback(tmp_path):
   pb = {k: jnp.asarray(v) for k, v in next(pipeline.make_train_iterator(out, seq_len=8, global_batch_size=2, seed=0)).items()}
   pc = tiny_config("lift", teacher="precomputed", top_k=4)
   pc.model.vocab_size = 136
-  _, pt, _, pw = layers.next_token_targets(pb)
+  _, pt, _, pw = cross_entropy.next_token_targets(pb)
   pre = lift.LiftFamily(pc).teacher_states(pb, pt, pw)
   fly = fam.teacher_states({"tokens": pb["tokens"], "segment": pb["segment"]}, pt, pw)
   np.testing.assert_allclose(pre, fly, atol=2e-3)

@@ -98,7 +98,7 @@ def cmd_train(model: str, batches: str, out: str, weights: str | None, init_seed
   import jax.numpy as jnp
   import optax
   from nsl.models import registry
-  from nsl.nn import layers
+  from nsl.nn import cross_entropy
   from nsl.train import state as train_state
 
   config = dd_port.load_config(model, **_schedule(steps))
@@ -122,12 +122,12 @@ def cmd_train(model: str, batches: str, out: str, weights: str | None, init_seed
     if model == "sed":
       enc, enc_seg, dec, dec_seg, targets, weights_ = arrays
       logits = family.model.apply({"params": p}, enc, enc_seg, dec, dec_seg)
-      return layers.masked_cross_entropy(logits, targets, weights_)[0]
+      return cross_entropy.masked_cross_entropy(logits, targets, weights_)[0]
     tokens, segment, blk = arrays
     batch = {"tokens": tokens, "segment": segment}
     if model == "dd":
-      _, targets, _, w = layers.next_token_targets(batch)
-      return layers.masked_cross_entropy(family.token_logits(p, batch, block_BT=blk[None]), targets, w)[0]
+      _, targets, _, w = cross_entropy.next_token_targets(batch)
+      return cross_entropy.masked_cross_entropy(family.token_logits(p, batch, block_BT=blk[None]), targets, w)[0]
     return family.loss(p, batch, jax.random.PRNGKey(0), 0)[0]
 
   def arrays(s):

@@ -125,14 +125,14 @@ def sed_inputs(sed_arr):
 def nsl_logits(model: str, family, params, tokens_BT1=None, blocks_T=None, sed_arr=None):
   """nsl's logits [B, T, V], targets, weights on their check batch."""
   import jax.numpy as jnp
-  from nsl.nn import layers
+  from nsl.nn import cross_entropy
 
   if model == "sed":
     inputs, targets, weights = sed_inputs(sed_arr)
     logits = family.model.apply({"params": params}, *map(jnp.asarray, inputs))
     return logits, jnp.asarray(targets), jnp.asarray(weights)
   batch = check_batch(tokens_BT1)
-  _, targets, _, weights = layers.next_token_targets(batch)
+  _, targets, _, weights = cross_entropy.next_token_targets(batch)
   if model == "dd":
     logits = family.token_logits(params, batch, block_BT=jnp.asarray(blocks_T, jnp.int32)[None])
   else:
@@ -143,10 +143,10 @@ def nsl_logits(model: str, family, params, tokens_BT1=None, blocks_T=None, sed_a
 def nsl_check(model: str, family, params, ref: dict, tokens_BT1=None, blocks_T=None) -> dict:
   """Max |Δlogit| and |ΔCE| of nsl against their `ref` (the init npz: __logits, __loss, __labels),
   and whether nsl's loss weights are their labels' mask."""
-  from nsl.nn import layers
+  from nsl.nn import cross_entropy
 
   logits, targets, weights = nsl_logits(model, family, params, tokens_BT1, blocks_T, ref.get("__sed"))
-  ce, _ = layers.masked_cross_entropy(logits, targets, weights)
+  ce, _ = cross_entropy.masked_cross_entropy(logits, targets, weights)
   logits = np.asarray(logits)
   their = np.asarray(ref["__logits"])
   real = np.asarray(ref["__labels"]) != -100
