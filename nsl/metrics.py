@@ -77,14 +77,16 @@ def _jsonable(x):
 
 
 class MetricsWriter:
-  """Appends one JSON object per logged step to metrics.jsonl and mirrors scalars to TensorBoard.
-  Only process 0 writes."""
+  """Appends one JSON object per logged step to metrics.jsonl and mirrors scalars to TensorBoard
+  and to any `sinks` (objects with `log(step, scalars)` and `close()`: W&B,
+  `nsl.train.observe.WandbSink`). Only process 0 writes."""
 
-  def __init__(self, workdir: str, enabled: bool = True, resume_step: int | None = None):
+  def __init__(self, workdir: str, enabled: bool = True, resume_step: int | None = None, sinks=()):
     """`resume_step`: the step the run continues from; lines after it (steps the run will replay)
     and a partial last line (a write cut by a kill) are dropped first."""
     self.enabled = enabled
     self._tb = None
+    self._sinks = list(sinks) if enabled else []
     self._failed = False
     if not enabled:
       return
@@ -94,8 +96,7 @@ class MetricsWriter:
       truncate_records(path, resume_step)
     self._file = open(path, "a", buffering=1)
     try:
-      from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+      self._tb = _summary_writer(os.path.join(workdir, "tb"))
     except ImportError:  # TensorBoard is optional; metrics.jsonl is the record
       self._tb = None
 
@@ -109,10 +110,13 @@ class MetricsWriter:
     except OSError:
       self._failed = True  # e.g. a full disk: reported by the caller; close() must not mask it
       raise
+    scalars = {k: v for k, v in record.items()
+               if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
     if self._tb is not None:
-      for k, v in record.items():
-        if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
-          self._tb.add_scalar(k, v, step)
+      for k, v in scalars.items():
+        self._tb.add_scalar(k, v, step)
+    for sink in self._sinks:
+      sink.log(int(step), scalars)
 
   def close(self) -> None:
     if self.enabled:
@@ -123,6 +127,25 @@ class MetricsWriter:
           raise
       if self._tb is not None:
         self._tb.close()
+      for sink in self._sinks:
+        sink.close()
+
+
+def _summary_writer(logdir: str):
+  """tensorboardX's SummaryWriter, imported without torch: tensorboardX imports torch when it is
+  installed (the [hf] extra) only to accept torch tensors, which costs every run ~5 s of start-up;
+  nsl logs Python floats."""
+  import sys
+
+  block = "torch" not in sys.modules
+  if block:
+    sys.modules["torch"] = None  # makes `import torch` raise ImportError, which tensorboardX handles
+  try:
+    from tensorboardX import SummaryWriter
+  finally:
+    if block:
+      del sys.modules["torch"]
+  return SummaryWriter(logdir)
 
 
 def truncate_records(path: str, last_step: int) -> int:

@@ -1,4 +1,4 @@
-"""Small plots every run writes into its workdir (the loss curve)."""
+"""Small plots of one run, drawn into its workdir by `nsl.report` (the loss curve)."""
 
 from __future__ import annotations
 

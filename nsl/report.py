@@ -1,4 +1,6 @@
-"""`python -m nsl.report WORKDIR`: a run's outcome in a few lines, from its result.json."""
+"""`python -m nsl.report WORKDIR`: a run's outcome in a few lines, from its result.json, and its loss
+curve drawn to WORKDIR/loss_curve.png (the trainer writes records only: matplotlib costs every run,
+grid cells included, seconds of start-up for a picture most never open)."""
 
 from __future__ import annotations
 
@@ -30,8 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     print(line)
   if r.get("state_sha256"):  # equal digests: the same final bits (docs/guide/determinism.md)
     print(f"state:      {r['state_sha256']}")
-  curve = os.path.join(argv[0], "loss_curve.png")
-  if os.path.exists(curve):
+  from nsl import plots
+
+  curve = plots.loss_curve(argv[0])
+  if curve:
     print(f"loss curve: {curve}")
   return 0
 

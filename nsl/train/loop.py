@@ -273,9 +273,6 @@ class Trainer:
                               state if status != "failed" else None)
         if self.is_main:
           metrics.write_json(os.path.join(self.workdir, "result.json"), result)
-          if status == "done":
-            from nsl import plots
-            plots.loss_curve(self.workdir)
         self._preemption.__exit__(None, None, None)
         if self.lock is not None:
           self.lock.release()

@@ -24,12 +24,18 @@ def _params(trainer):
   return jax.tree.map(np.asarray, jax.device_get(trainer.final_state.params))
 
 
-def test_run_writes_the_record_format(data_dir, tmp_path):
+def test_run_writes_the_record_format(data_dir, tmp_path, capsys):
   workdir = str(tmp_path / "run")
   result = loop.Trainer(tiny_config(data_dir, **{"train.steps": 12}), workdir, progress=False).run()
   assert result["status"] == "done" and result["steps"] == 12
-  for name in ("metrics.jsonl", "config.json", "result.json", "loss_curve.png"):
+  for name in ("metrics.jsonl", "config.json", "result.json"):
     assert os.path.exists(os.path.join(workdir, name)), name
+  assert not os.path.exists(os.path.join(workdir, "loss_curve.png"))  # nsl.report draws it
+  from nsl import report
+  assert report.main([workdir]) == 0
+  out = capsys.readouterr().out
+  assert f"loss curve: {os.path.join(workdir, 'loss_curve.png')}" in out and "12 steps" in out
+  assert os.path.getsize(os.path.join(workdir, "loss_curve.png")) > 10_000
   assert os.listdir(os.path.join(workdir, "tb"))
   records = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
   train = [r for r in records if "loss" in r]
