@@ -30,7 +30,6 @@ import sys
 import numpy as np
 
 from nsl.data.tasks import planning_dir
-from nsl.errors import ArgumentParser
 
 MAX_INT = 10_000
 COMMA, ANSWER, PLUS, MINUS, TIMES, DIV, EQ, PAUSE, EOS, PAD = range(MAX_INT + 1, MAX_INT + 11)
@@ -211,17 +210,7 @@ def from_kwargs(**kwargs) -> Countdown:
 
 
 def main(argv=None) -> int:
-  p = ArgumentParser(prog="python -m nsl.data.tasks.countdown")
-  p.add_argument("--n_train", type=int, default=50_000)
-  p.add_argument("--n_test", type=int, default=1_000)
-  p.add_argument("--max_num", type=int, default=99)
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--out", required=True)
-  p.add_argument("--force", action="store_true")
-  a = p.parse_args(argv)
-  spec = f"task:countdown:n_train={a.n_train},n_test={a.n_test},max_num={a.max_num},seed={a.seed}"
-  kwargs = {k: v for k, v in vars(a).items() if k not in ("out", "force")}
-  return planning_dir.write_main(spec, lambda: from_kwargs(**kwargs), a.out, a.force)
+  return planning_dir.task_main("countdown", Countdown, {"n_train": 50_000, "n_test": 1_000, "max_num": 99, "seed": 0}, argv)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ import sys
 import numpy as np
 
 from nsl.data.tasks import planning_dir
-from nsl.errors import ArgumentParser
 
 NUM_LABELS = 100
 SEP, QUERY, ANSWER, EOS, PAD = 100, 101, 102, 103, 104
@@ -138,18 +137,7 @@ def from_kwargs(**kwargs) -> PathStar:
 
 
 def main(argv=None) -> int:
-  p = ArgumentParser(prog="python -m nsl.data.tasks.path_star")
-  p.add_argument("--d", type=int, default=5)
-  p.add_argument("--l", type=int, default=5)
-  p.add_argument("--n_train", type=int, default=200_000)
-  p.add_argument("--n_test", type=int, default=20_000)
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--out", required=True)
-  p.add_argument("--force", action="store_true")
-  a = p.parse_args(argv)
-  spec = f"task:path_star:d={a.d},l={a.l},n_train={a.n_train},n_test={a.n_test},seed={a.seed}"
-  kwargs = {k: v for k, v in vars(a).items() if k not in ("out", "force")}
-  return planning_dir.write_main(spec, lambda: from_kwargs(**kwargs), a.out, a.force)
+  return planning_dir.task_main("path_star", PathStar, {"d": 5, "l": 5, "n_train": 200_000, "n_test": 20_000, "seed": 0}, argv)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from nsl.data import datadir
-from nsl.errors import DataError, cli_main
+from nsl.errors import ArgumentParser, DataError, cli_main
 
 PREFIX = "task:"
 TEST_FILE = "task_test.npz"
@@ -67,6 +67,20 @@ def load_test(data_dir: str) -> tuple[np.ndarray, np.ndarray]:
                     "(write one with python -m nsl.data.tasks.path_star --out=DIR)")
   with np.load(path) as z:
     return z["prompts"], z["answers"]
+
+
+def task_main(name: str, task_cls, defaults: dict[str, int], argv=None) -> int:
+  """`python -m nsl.data.tasks.NAME --out=DIR [--PARAM=N ...]`: one integer flag per task parameter
+  (`defaults`, in the order of the task's source string `task:NAME:k=v,...`)."""
+  p = ArgumentParser(prog=f"python -m nsl.data.tasks.{name}", description=f"Writes the {name} task's data dir.")
+  for key, value in defaults.items():
+    p.add_argument(f"--{key}", type=int, default=value)
+  p.add_argument("--out", required=True)
+  p.add_argument("--force", action="store_true")
+  a = p.parse_args(argv)
+  params = {key: getattr(a, key) for key in defaults}
+  spec = f"task:{name}:" + ",".join(f"{k}={v}" for k, v in params.items())
+  return write_main(spec, lambda: task_cls(**params), a.out, a.force)
 
 
 @cli_main
