@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	# [tpu] brings libtpu: the ahead-of-time TPU compile tests (nsl.compile) run on any host.
 	# [docs] brings MkDocs and its Material theme: `make test` builds the documentation strictly.
-	$(PY) -m pip install --quiet -e ".[dev,tpu,docs]"
+	$(PY) -m pip install --quiet -e ".[dev,tpu,docs,hf]"
 	# The CPU kernels (attention, head, decode; C++, -march=native) are built now so a compiler problem shows here;
 	# without one, both run their XLA paths (a warning, not a failure).
 	$(PY) -m nsl.kernels.cpu_build || echo "nsl: CPU kernels not built; attention, the head and decoding will run the XLA paths"
