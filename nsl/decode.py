@@ -17,7 +17,7 @@ group per new token, both through the model's own `layers.Stack` with a `kv_cach
 The cache (nsl/nn/kv_cache.py) keeps persistent slots for every token and the temporary
 slot of the last w tokens in a ring: per layer and row T slots for standard, T + w for sps /
 delayed_state / reverse_sps, 2T for twox_memory. `sample` is the one sampler of every decoder.
-Greedy (`temperature=0`) or temperature sampling.
+Greedy (`temperature=0`) or temperature sampling; `truncate` adds top-k / top-p (nsl.generate).
 """
 
 from __future__ import annotations
@@ -230,6 +230,24 @@ def sample(logits_BV, rng, temperature):
   greedy = argmax
   drawn = lambda lg: jax.random.categorical(rng, lg / jnp.where(t > 0, t, 1.0), axis=-1).astype(jnp.int32)
   return jax.lax.cond(t > 0, drawn, greedy, logits_BV)
+
+
+def truncate(logits_BV, top_k: int = 0, top_p: float = 1.0):
+  """Top-k, then top-p (nucleus) truncation of (temperature-scaled) logits [..., V]: entries
+  outside the `top_k` largest, then outside the smallest set of largest whose probability
+  reaches `top_p`, become -inf (the token that crosses `top_p` stays, so at least one does).
+  `top_k` 0 and `top_p` 1 leave the logits as they are; draw with `sample` at temperature 1. Ties
+  at the k-th value all stay."""
+  if top_k and top_k < logits_BV.shape[-1]:
+    kth = jax.lax.top_k(logits_BV, top_k)[0][..., -1:]
+    logits_BV = jnp.where(logits_BV < kth, -jnp.inf, logits_BV)
+  if top_p < 1.0:
+    order = jnp.sort(logits_BV, axis=-1)[..., ::-1]
+    probs = jax.nn.softmax(order, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # mass of the strictly larger entries
+    cut = jnp.min(jnp.where(before < top_p, order, jnp.inf), axis=-1, keepdims=True)
+    logits_BV = jnp.where(logits_BV < cut, -jnp.inf, logits_BV)
+  return logits_BV
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 4))
