@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsl.nn import masks
+from nsl.nn import cross_entropy, masks
 from nsl.errors import ConfigError
 from nsl.nn.layers import Dims
 
@@ -169,3 +169,23 @@ def train_flops_per_token(matmul_params_per_token: float, attention_pairs_per_to
   (forward 2, backward 4), plus attention: QKᵀ and AV cost 4·d FLOPs per visible (q, k) pair per
   layer forward, ×3 for training, counting only visible pairs of the mask."""
   return 6.0 * matmul_params_per_token + 12.0 * n_layers * d_model * attention_pairs_per_token
+
+
+class NextTokenFamily(Family):
+  """A family whose model is called on (inputs, segment) of `cross_entropy.next_token_targets`
+  and scores them with its own `cross_entropy(inputs, segment, targets, weights)` method: the
+  standard trunk, SPS (whose model places the tokens in its slots itself) and the latent families'
+  inputs."""
+
+  def model_inputs(self, batch):
+    inputs, _, seg_in, _ = cross_entropy.next_token_targets(batch)
+    return inputs, seg_in
+
+  def token_logits(self, params, batch, *, model: nn.Module | None = None):
+    """The model's own logits [B, T, V] at its read-out positions (`Family.token_logits`)."""
+    return (model or self.model).apply({"params": params}, *self.model_inputs(batch))
+
+  def loss(self, params, batch, rng, step):
+    inputs, targets, seg_in, weights = cross_entropy.next_token_targets(batch)
+    loss, weight = self.model.apply({"params": params}, inputs, seg_in, targets, weights, method="cross_entropy")
+    return loss, {"weight": weight}

@@ -65,7 +65,7 @@ import numpy as np
 import optax
 
 from nsl.nn import attention, cross_entropy, layers, masks
-from nsl.models.family import Family, train_flops_per_token
+from nsl.models.family import NextTokenFamily, train_flops_per_token
 from nsl.models.latent_spec import MTPSpec, NextLatSpec, answer_token
 from nsl.models.transformer import LM, standard_rule
 
@@ -250,7 +250,7 @@ class LatentLM(LM):
     return total, metrics
 
 
-class LatentFamily(Family):
+class LatentFamily(NextTokenFamily):
   """What NextLat and MTP share: the standard trunk and rule, prompt masking, and next-token
   logits read from the plain head (head 1; the dynamics model and extra heads only train)."""
 
@@ -267,10 +267,6 @@ class LatentFamily(Family):
   @property
   def answer_token(self) -> int:
     return answer_token(self.config)
-
-  def model_inputs(self, batch):
-    inputs, _, seg_in, _ = cross_entropy.next_token_targets(batch)
-    return inputs, seg_in
 
   def trunk_flops_per_token(self, exclude: tuple[str, ...] = ()) -> float:
     """`train_flops_per_token` of the parameters outside `exclude` (top-level names), each used

@@ -42,8 +42,8 @@ import numpy as np
 
 from nsl.errors import ConfigError
 from nsl.models import transformer
-from nsl.nn import attention, cross_entropy, layers, masks
-from nsl.models.family import Family, train_flops_per_token
+from nsl.nn import attention, layers, masks
+from nsl.models.family import NextTokenFamily, train_flops_per_token
 
 VARIANTS = ("sps", "twox_memory", "delayed_state", "reverse_sps", "standard")
 SLOT_VARIANTS = VARIANTS[:4]
@@ -212,7 +212,7 @@ class SPSLM(nn.Module):
 # ----------------------------------------------------------------------------- the family
 
 
-class SPSFamily(Family):
+class SPSFamily(NextTokenFamily):
   """`config.family = "sps"`, `config.model.variant` in VARIANTS, `config.model.layout` in
   LAYOUTS (`DEFAULT_LAYOUT` when absent), `config.model.window` = w,
   `config.model.predict_embedding` in PREDICT_EMBEDDINGS ("tied" when absent) and
@@ -310,20 +310,6 @@ class SPSFamily(Family):
     """Parameter shapes depend only on the dimensions and on whether a separate ρ vector exists:
     shared by all SPS variants of a size (describe over a ladder traces each size once)."""
     return _abstract_params(self.dims, self.variant == "standard" or self.predict_token_id is not None, self)
-
-  def model_inputs(self, batch: dict[str, Any]) -> tuple:
-    inputs, _, seg_in, _ = cross_entropy.next_token_targets(batch)
-    return inputs, seg_in
-
-  def token_logits(self, params, batch, *, model: nn.Module | None = None):
-    """Read-out logits [B, T, V] aligned with `cross_entropy.next_token_targets(batch)`: the ρ slots
-    (x slots for reverse_sps; every token for `standard`), `Family.token_logits`."""
-    return (model or self.model).apply({"params": params}, *self.model_inputs(batch))
-
-  def loss(self, params, batch, rng, step):
-    inputs, targets, seg_in, weights = cross_entropy.next_token_targets(batch)
-    loss, weight = self.model.apply({"params": params}, inputs, seg_in, targets, weights, method="cross_entropy")
-    return loss, {"weight": weight}
 
   def flops_per_token(self) -> float:
     """Every slot pays the trunk matmuls, only read-out slots pay the head (tied embedding);

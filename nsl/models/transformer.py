@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import flax.linen as nn
 
-from nsl.nn import attention, cross_entropy, layers, masks
-from nsl.models.family import Family, train_flops_per_token
+from nsl.nn import attention, layers, masks
+from nsl.models.family import NextTokenFamily, train_flops_per_token
 
 
 def standard_rule(window: int | None) -> masks.Rule:
@@ -45,7 +45,7 @@ class LM(nn.Module):
     return self.embedder.cross_entropy(self.hidden(tokens_BT, segment_BT), targets_BT, weights_BT)
 
 
-class StandardFamily(Family):
+class StandardFamily(NextTokenFamily):
   """The plain causal transformer over T tokens; logits at every token."""
 
   name = "standard"
@@ -58,19 +58,6 @@ class StandardFamily(Family):
 
   def make_model(self):
     return LM(self.dims, self.rule)
-
-  def model_inputs(self, batch):
-    inputs, _, seg_in, _ = cross_entropy.next_token_targets(batch)
-    return inputs, seg_in
-
-  def token_logits(self, params, batch, *, model=None):
-    """Logits [B, T, V] at every token (`Family.token_logits`)."""
-    return (model or self.model).apply({"params": params}, *self.model_inputs(batch))
-
-  def loss(self, params, batch, rng, step):
-    inputs, targets, seg_in, weights = cross_entropy.next_token_targets(batch)
-    loss, weight = self.model.apply({"params": params}, inputs, seg_in, targets, weights, method="cross_entropy")
-    return loss, {"weight": weight}
 
   def flops_per_token(self) -> float:
     t = self.seq_len
