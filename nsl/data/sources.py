@@ -206,12 +206,25 @@ def check_source(spec: str) -> None:
     _local_files(spec, "source")
 
 
-def iter_documents(specs: Iterable[str], max_docs: int | None = None) -> Iterator[str]:
-  """Documents of all sources in order, at most `max_docs` of them."""
+def _skip_files(spec: str, skip: int) -> tuple[Iterator[str], int]:
+  """A PATH/GLOB source past its first `skip` documents without reading them (a file is a document
+  iff it is non-empty: non-empty UTF-8 never decodes to ""), and how many it skipped."""
+  files = [p for p in _local_files(spec, "source") if os.path.getsize(p) > 0]
+  return (_read_text(p) for p in files[skip:]), min(skip, len(files))
+
+
+def iter_documents(specs: Iterable[str], max_docs: int | None = None, start: int = 0) -> Iterator[str]:
+  """Documents of all sources in order, at most `max_docs` of them, from document `start` on
+  (a resumed prepare: files before it are not read, other sources are read and dropped)."""
   n = 0
   for spec in specs:
-    for doc in iter_source(spec):
+    docs = None
+    if start > n and spec not in EMBEDDED and not spec.startswith(("jsonl:", "hf:", "tfds:")):
+      docs, skipped = _skip_files(spec, start - n)
+      n += skipped
+    for doc in docs if docs is not None else iter_source(spec):
       if max_docs is not None and n >= max_docs:
         return
-      yield doc
+      if n >= start:
+        yield doc
       n += 1

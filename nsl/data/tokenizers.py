@@ -144,6 +144,7 @@ class Gpt2Tokenizer:
 
   name = "gpt2"
   FILE = "gpt2.tiktoken"
+  batch_threads = 2  # tiktoken's threads per encode_batch; prepare's worker processes use 1 each
 
   def __init__(self, mergeable_ranks: dict[bytes, int]):
     import tiktoken
@@ -189,7 +190,7 @@ class Gpt2Tokenizer:
     return self._enc.encode_ordinary(text)
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    return self._enc.encode_ordinary_batch(list(texts), num_threads=2)
+    return self._enc.encode_ordinary_batch(list(texts), num_threads=self.batch_threads)
 
   def decode(self, ids: Sequence[int]) -> str:
     return self._enc.decode([int(i) for i in ids])

@@ -40,6 +40,14 @@ def corpus(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def corpus60(tmp_path_factory):
+  """The glob spec of a 60-document corpus (seed 5): the prepare byte-identity reference's."""
+  root = tmp_path_factory.mktemp("corpus60")
+  make_corpus(str(root), num_docs=60, seed=5)
+  return str(root / "*.txt")
+
+
+@pytest.fixture(scope="session")
 def byte_dir(corpus, tmp_path_factory):
   """A byte-tokenized data dir of `corpus` with small shards, so windows straddle shards."""
   out = str(tmp_path_factory.mktemp("prepared") / "byte")
