@@ -6,15 +6,29 @@ import json
 import os
 
 
+def pyplot():
+  """matplotlib.pyplot on the file-only Agg backend (no display on a training host), imported
+  late: matplotlib costs seconds that only the commands that draw should pay."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def save(fig, path: str, dpi: int = 110) -> str:
+  """Lays out, writes and closes `fig`; returns `path`."""
+  fig.tight_layout()
+  fig.savefig(path, dpi=dpi)
+  pyplot().close(fig)
+  return path
+
+
 def loss_curve(workdir: str) -> str | None:
   """Training loss and validation NLL against tokens -> WORKDIR/loss_curve.png."""
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     return None
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
+  plt = pyplot()
   train, val = [], []
   tokens_at = {}
   with open(path) as f:
@@ -38,8 +52,4 @@ def loss_curve(workdir: str) -> str | None:
   ax.set_title(f"nsl run {os.path.basename(os.path.normpath(workdir))}")
   ax.grid(alpha=0.3)
   ax.legend()
-  fig.tight_layout()
-  out = os.path.join(workdir, "loss_curve.png")
-  fig.savefig(out, dpi=110)
-  plt.close(fig)
-  return out
+  return save(fig, os.path.join(workdir, "loss_curve.png"))

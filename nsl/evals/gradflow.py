@@ -176,9 +176,9 @@ def run(workdir: str, rows: int = 4, max_offset: int = 32, impl: str | None = No
 
 
 def plot(result: dict, path: str) -> str:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  from nsl import plots
+
+  plt = plots.pyplot()
 
   fig, ax = plt.subplots(figsize=(7, 4.5))
   for i, (name, s) in enumerate(result["streams"].items()):
@@ -193,10 +193,7 @@ def plot(result: dict, path: str) -> str:
                f"step {result['step']}")
   ax.grid(alpha=0.3, which="both")
   ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return plots.save(fig, path, dpi=120)
 
 
 @cli_main

@@ -95,9 +95,9 @@ def run(workdir: str, omega: int = 64, docs: int = 8000, batch_size: int = 8) ->
 
 
 def plot(result: dict, path: str) -> str:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  from nsl import plots
+
+  plt = plots.pyplot()
 
   d = result["delta_by_position"]
   xs = [i for i, v in enumerate(d) if v is not None]
@@ -111,10 +111,7 @@ def plot(result: dict, path: str) -> str:
                f"{result['docs']} docs")
   ax.grid(alpha=0.3)
   ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return plots.save(fig, path, dpi=120)
 
 
 @cli_main

@@ -89,9 +89,9 @@ def table(rows: list[dict]) -> str:
 
 
 def plot(cells: list[dict], path: str) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  from nsl import plots
+
+  plt = plots.pyplot()
 
   sizes = sorted({c["size"] for c in cells})
   arms = sorted({c["arm"] for c in cells})
@@ -124,9 +124,7 @@ def plot(cells: list[dict], path: str) -> None:
     bottom.set_xlabel("training step")
     top.legend(fontsize=7)
     bottom.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  plots.save(fig, path, dpi=110)
 
 
 def study(root: str, limit: int | None = None, batch_size: int = 250, temperature: float = 0.0,
