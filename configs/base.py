@@ -81,6 +81,26 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.eval_every = 250
   c.train.eval_batches = 16
   c.train.max_nonfinite = 20  # consecutive non-finite steps before the run stops
+  # (a, b): a jax.profiler trace of steps a..b (1-based, inclusive) to <workdir>/profile, for
+  # TensorBoard's profile plugin (docs/guide/training.md#profiling). None = no trace.
+  c.train.profile_steps = ml_collections.config_dict.placeholder(tuple)
+
+  # Evaluators run every train.eval_every beside the validation NLL, logged as "<name>/<metric>"
+  # (docs/guide/evaluation.md#evaluators-during-training), e.g.
+  #   c.evals = {"wiki": {"kind": "nll", "data": "data/wiki-bpe4k", "batches": 4}}
+  # Kinds: nll, zeroshot, length_generalization, planning. Empty by default, and an empty one is
+  # left out of grid cell ids (nsl.scaling.grid.config_hash), so existing grids keep theirs.
+  c.evals = ml_collections.ConfigDict()
+
+  # Where the scalars of metrics.jsonl are mirrored besides TensorBoard (docs/guide/training.md#weights-biases).
+  # Never part of a grid cell's id: logging does not change the experiment.
+  c.log = ml_collections.ConfigDict()
+  c.log.wandb = False  # Weights & Biases (pip install 'nsl[wandb]'); only process 0 logs
+  c.log.wandb_project = "nsl"
+  c.log.wandb_name = ""  # the run's name there; "" = the workdir's basename
+  c.log.wandb_entity = ""  # team or user; "" = wandb's default
+  c.log.wandb_mode = ""  # online | offline | disabled; "" = wandb's default ($WANDB_MODE, else online)
+
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 250

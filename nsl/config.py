@@ -254,7 +254,7 @@ def to_dict(config: ml_collections.ConfigDict) -> dict:
 RESUME_MAY_CHANGE = (
     "train.steps", "train.grad_accum", "train.log_every", "train.eval_every", "train.eval_batches",
     "train.max_nonfinite", "checkpoint", "mesh", "data.verify", "data.gpt2_bpe", "model.attention_impl",
-    "model.attention_chunk", "model.remat",
+    "model.attention_chunk", "model.remat", "evals", "log", "train.profile_steps",
 )
 
 
@@ -476,4 +476,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None, 
                         f"the {data_parallel} data-parallel devices (mesh data x fsdp)")
   from nsl.nn import mup
   mup.validate(config)  # model.mup_base_width (μP), checked here and only here
+  from nsl.evals import specs
+  from nsl.train import observe
+  specs.validate(config)  # config.evals' shape; its files are checked when the trainer builds them
+  observe.validate(config)  # train.profile_steps, config.log
   registry.get_family_class(config.family).validate(config)

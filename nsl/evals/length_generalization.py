@@ -82,10 +82,9 @@ def load_run(workdir: str):
   return runs.load_run(workdir, flag="--runs")
 
 
-def accuracy_by_length(family, params, heldout: dict, lengths: list[int], per_length: int, feed: str = "own",
-                       batch_size: int = 2000, task: str = "s5") -> dict[int, float]:
-  """{N: accuracy} of one model on the held-out sets: the final state (S5), or every labelled
-  answer position (arithmetic, whose held-out windows all have one width)."""
+def make_forward(family, feed: str = "own"):
+  """The jitted (params, tokens [B, N]) -> next-token logits [B, N, V] that scores every row
+  (`feed`: the state channel of a family that has one); built once, reused at every length."""
   import jax
   import jax.numpy as jnp
 
@@ -95,7 +94,17 @@ def accuracy_by_length(family, params, heldout: dict, lengths: list[int], per_le
     tokens = jnp.concatenate([t_BN, jnp.zeros_like(t_BN[:, :1])], axis=1)
     return family.token_logits(p, {"tokens": tokens, "segment": jnp.ones_like(tokens)}, **options)
 
-  fwd = jax.jit(logits)
+  return jax.jit(logits)
+
+
+def accuracy_by_length(family, params, heldout: dict, lengths: list[int], per_length: int, feed: str = "own",
+                       batch_size: int = 2000, task: str = "s5", fwd=None) -> dict[int, float]:
+  """{N: accuracy} of one model on the held-out sets: the final state (S5), or every labelled
+  answer position (arithmetic, whose held-out windows all have one width). `fwd`: a
+  `make_forward(family, feed)` to reuse."""
+  import jax.numpy as jnp
+
+  fwd = fwd or make_forward(family, feed)
   # Causal models: the prediction at position N depends only on tokens <= N, so each S5 length
   # is padded to the next multiple of 16 and read at its own last position: a few compiled
   # shapes, and a LIFT model's sequential feedback runs ~N steps, not max(N).
@@ -122,6 +131,19 @@ def accuracy_by_length(family, params, heldout: dict, lengths: list[int], per_le
         correct += int(np.sum(np.where(lab >= 0, pred == lab, True).all(axis=1)))
     out[n] = correct / len(tokens)
   return out
+
+
+def evaluate(family, params, data_dir: str, lengths_spec: str = "", per_length: int = 2000, feed: str = "own",
+             batch_size: int = 2000, fwd=None) -> tuple[str, list[int], dict[int, float]]:
+  """(task, lengths, {N: accuracy}) of live `params` on the S5 or arithmetic task dir `data_dir`
+  (`lengths_spec`: rows such as "1-16,32"; "" = the task's default rows): this command's and the
+  trainer's length_generalization evaluator's scores."""
+  from nsl.data.tasks import s5
+
+  task = task_name(data_dir)
+  lengths = parse_lengths(lengths_spec or TASKS[task]["lengths"])
+  acc = accuracy_by_length(family, params, s5.load_heldout(data_dir), lengths, per_length, feed, batch_size, task, fwd)
+  return task, lengths, acc
 
 
 def _recorded(run: str, key: str, per_length: int, lengths: list[int]) -> dict[int, float] | None:
@@ -238,7 +260,6 @@ def main(argv=None) -> int:
   p.add_argument("--feed", default="own", choices=("own", "bias"), help="LIFT state channel at test")
   p.add_argument("--out", default="")
   a = p.parse_args(argv)
-  from nsl.data.tasks import s5
   from nsl.evals import common
 
   if bool(a.runs) == bool(a.root):
@@ -258,7 +279,7 @@ def main(argv=None) -> int:
     name = os.path.basename(os.path.normpath(run))
     acc = None if not a.root or a.force else _recorded(run, key, a.per_length, lengths)
     if acc is None:
-      acc = accuracy_by_length(family, params, s5.load_heldout(data), lengths, a.per_length, a.feed, a.batch_size, task)
+      _, _, acc = evaluate(family, params, data, ",".join(map(str, lengths)), a.per_length, a.feed, a.batch_size)
     names.append(name)
     results[name] = acc
     meta[name] = {"run": run, "family": config.family, "variant": config.model.variant}

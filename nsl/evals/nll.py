@@ -121,22 +121,17 @@ def tokenizer_fingerprint(data_dir: str, manifest: dict) -> str:
   return json.dumps(spec, sort_keys=True) + digest
 
 
-def evaluate(family, params, config, data_dir: str, split: str, batch_size: int,
-             max_batches: int | None, feed: str | None = None) -> dict:
-  """{"nll", "tokens", "batches"}: mean NLL per target over the split's evaluation batches
-  (`feed`: one of `family.feeds`, scored with `family.token_logits(..., feed=feed)`; None = the
-  trainer's eval step)."""
+def make_step(family, config, feed: str | None = None):
+  """The jitted (params, batch) -> (summed NLL, scored targets) of `family` (`feed`: one of
+  `family.feeds`, scored with `family.token_logits(..., feed=feed)`; None = the trainer's eval step)."""
   import flax.linen as nn
   import jax
 
   from nsl import sharding
-  from nsl.data import pipeline
   from nsl.evals import common
   from nsl.train import step as train_step_lib
 
-  batches = pipeline.make_eval_batches(data_dir, split, seq_len=int(config.data.seq_len), batch_size=batch_size,
-                                       max_batches=max_batches)
-  mesh, rules = mesh_of(params), sharding.rules(config)
+  rules = sharding.rules(config)
   if feed is not None:
     def step_fn(p, b):
       nll, w = common.token_nll(family, p, b, feed=feed)
@@ -148,19 +143,55 @@ def evaluate(family, params, config, data_dir: str, split: str, batch_size: int,
     with nn.logical_axis_rules(rules):
       return step_fn(*args)
 
-  eval_step = jax.jit(with_rules)
+  return jax.jit(with_rules)
+
+
+def summed_nll(step_fn, params, batches, mesh) -> tuple[float, float]:
+  """(summed NLL, scored targets) of `step_fn` over `batches` (each process's rows, assembled on
+  `mesh`; None = the arrays as they are): the one loop of the trainer's eval and this command."""
+  from nsl import sharding
+
   total = count = 0.0
   with (sharding.use_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
     for batch in batches:
       batch = sharding.global_batch(batch, mesh) if mesh is not None else batch
-      s, w = eval_step(params, batch)
+      s, w = step_fn(params, batch)
       total += float(s)
       count += float(w)
+  return total, count
+
+
+def evaluate(family, params, config, data_dir: str, split: str, batch_size: int,
+             max_batches: int | None, feed: str | None = None, step_fn=None, process_index: int = 0,
+             process_count: int = 1) -> dict:
+  """{"nll", "tokens", "batches"}: mean NLL per target over the split's evaluation batches, with
+  `step_fn` (default `make_step(family, config, feed)`); `process_index/count`: this process's
+  rows of each global batch (the trainer's evaluators on several hosts)."""
+  from nsl.data import pipeline
+
+  batches = pipeline.make_eval_batches(data_dir, split, seq_len=int(config.data.seq_len), batch_size=batch_size,
+                                       max_batches=max_batches, process_index=process_index,
+                                       process_count=process_count)
+  total, count = summed_nll(step_fn or make_step(family, config, feed), params, batches, mesh_of(params))
   if count == 0:
     raise DataError(f"{split} split of {data_dir}: no scored tokens in {len(batches)} batches")
   return {"nll": total / count, "tokens": int(count), "batches": len(batches)}
 
 
+def check_data(config, path: str, own_dir: str, flag: str = "--data") -> dict:
+  """The manifest of data dir `path`; DataError unless it was tokenized like the run's `own_dir`
+  (the same tokenizer spec and file: NLLs under different tokenizers are not comparable) and its
+  ids fit the model's vocabulary."""
+  from nsl.data.prepare import load_manifest
+
+  manifest, own = load_manifest(path), load_manifest(own_dir)
+  if tokenizer_fingerprint(path, manifest) != tokenizer_fingerprint(own_dir, own):
+    raise DataError(f"{flag}={path}: tokenized with {manifest['tokenizer']}, but the run used "
+                    f"{own['tokenizer']} from {own_dir}; prepare it with the run's tokenizer")
+  if manifest["vocab_size"] > int(config.model.vocab_size):
+    raise DataError(f"{flag}={path}: {manifest['vocab_size']} token ids exceed the model's vocabulary "
+                    f"{config.model.vocab_size}")
+  return manifest
 
 
 def merge_result(workdir: str, key: str, values: dict, details: dict | None = None) -> dict:
@@ -216,19 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     raise NslError(f"--feed={args.feed}: {config.family!r} runs have no state channel (only LIFT-family runs)")
   feed = (args.feed or "own") if family.feeds else None
   own_dir = run_data_dir(config)
-  own = tokenizer_fingerprint(own_dir, load_manifest(own_dir))
   batch_size = args.batch_size or int(config.train.batch_size) // int(config.train.grad_accum)
   if not sets:
     sets = [(args.split, own_dir)]
   values, details = {}, {}
   for name, path in sets:
-    manifest = load_manifest(path)
-    if tokenizer_fingerprint(path, manifest) != own:
-      raise DataError(f"--data={path}: tokenized with {manifest['tokenizer']}, but the run used "
-                      f"{load_manifest(own_dir)['tokenizer']} from {own_dir}; prepare it with the run's tokenizer")
-    if manifest["vocab_size"] > int(config.model.vocab_size):
-      raise DataError(f"--data={path}: {manifest['vocab_size']} token ids exceed the model's vocabulary "
-                      f"{config.model.vocab_size}")
+    check_data(config, path, own_dir)
     key = name if (path == own_dir and not args.data) or args.split == "val" else f"{name}_{args.split}"
     if feed not in (None, "own"):
       key = f"{key}_feed_{feed}"

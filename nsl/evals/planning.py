@@ -80,7 +80,9 @@ def file_suffix(temperature: float) -> str:
   return "" if temperature <= 0.0 else f"_T{temperature:g}"
 
 
-def _test_set(config, limit: int | None, data_dir: str | None):
+def load_test_set(config, limit: int | None, data_dir: str | None):
+  """(task, prompts, answers) of the planning task dir `data_dir` (None: the run's data.path),
+  the first `limit` problems: what this command and the trainer's planning evaluator score."""
   from nsl.data.tasks import task_data
 
   data_dir = data_dir or str(config.data.path)
@@ -131,7 +133,7 @@ def evaluate(workdir: str, limit: int | None = None, batch_size: int = 250, data
              temperature: float = 0.0, sample_seed: int = 0) -> dict:
   _check_temperature(temperature)
   config, family, params = load_run(workdir)
-  task, prompts, answers = _test_set(config, limit, data_dir)
+  task, prompts, answers = load_test_set(config, limit, data_dir)
   result = {**_header(workdir, config, task, prompts, temperature, sample_seed),
             **score(task, family, params, prompts, answers, batch_size, temperature, sample_seed)}
   _write(os.path.join(workdir, f"planning{file_suffix(temperature)}.json"), result)
@@ -186,7 +188,7 @@ def evaluate_curve(workdir: str, limit: int | None = None, batch_size: int = 250
   _check_temperature(temperature)
   config = runs.load_config(workdir)
   family = registry.get_family(config)
-  task, prompts, answers = _test_set(config, limit, data_dir)
+  task, prompts, answers = load_test_set(config, limit, data_dir)
   head = _header(workdir, config, task, prompts, temperature, sample_seed)
   path = os.path.join(workdir, f"planning_curve{file_suffix(temperature)}.json")
   points: dict[int, dict] = {}

@@ -50,20 +50,18 @@ def forward_fn(family):
   return lambda p, tok, seg: family.token_logits(p, {"tokens": tok, "segment": seg})
 
 
-def make_loglik(family, params, config, tokenizer, eos_id: int, batch_size: int = 16):
-  """The `loglik(requests) -> [(summed logprob, all greedy)]` callable of `score_task`."""
+def make_scorer(family, config):
+  """The jitted (params, tokens [B, T+1], segment [B, T+1]) -> (log-probability of each next
+  token [B, T], whether it is the argmax [B, T]) that `make_loglik` batches requests through;
+  built once, it scores any parameters of the family's shapes without compiling again."""
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
 
   from nsl import sharding
 
-  seq_len, mesh = int(config.data.seq_len), mesh_of(params)
-  rules = sharding.rules(config)
+  seq_len, rules = int(config.data.seq_len), sharding.rules(config)
   forward = forward_fn(family)
-  if mesh is not None:  # rows must split evenly over the data-parallel devices
-    dp = mesh.shape["data"] * mesh.shape["fsdp"]
-    batch_size = -(-batch_size // dp) * dp
 
   @jax.jit
   def score(p, tok_BT1, seg_BT1):
@@ -76,6 +74,20 @@ def make_loglik(family, params, config, tokenizer, eos_id: int, batch_size: int 
     targets = tok_BT1[:, 1:]
     lp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
     return lp, jnp.argmax(logits, axis=-1) == targets
+
+  return score
+
+
+def make_loglik(family, params, config, tokenizer, eos_id: int, batch_size: int = 16, scorer=None):
+  """The `loglik(requests) -> [(summed logprob, all greedy)]` callable of `score_task`
+  (`scorer`: a `make_scorer` of this family to reuse; default a new one)."""
+  from nsl import sharding
+
+  seq_len, mesh = int(config.data.seq_len), mesh_of(params)
+  score = scorer or make_scorer(family, config)
+  if mesh is not None:  # rows must split evenly over the data-parallel devices
+    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    batch_size = -(-batch_size // dp) * dp
 
   def loglik(requests):
     pairs = [encode_pair(tokenizer, ctx, cont, eos_id) for ctx, cont in requests]
@@ -103,6 +115,17 @@ def make_loglik(family, params, config, tokenizer, eos_id: int, batch_size: int 
     return out
 
   return loglik
+
+
+def score_tasks(loglik, tasks: list[tuple[str, str]], limit: int | None) -> dict[str, dict]:
+  """{task: its `score_task` metrics, path and limit} of every (task, JSONL path) under `loglik`:
+  this command's and the trainer's zeroshot evaluator's scores."""
+  scores = {}
+  for task, path in tasks:
+    score = zeroshot_tasks.score_task(path, task, loglik, limit)
+    score = {k: None if isinstance(v, float) and not np.isfinite(v) else v for k, v in score.items()}
+    scores[task] = dict(score, path=os.path.abspath(path), limit=limit)  # NaN stderr (n = 1) -> null
+  return scores
 
 
 def _parse_task(spec: str) -> tuple[str, str]:
@@ -141,11 +164,7 @@ def main(argv: list[str] | None = None) -> int:
   manifest = prepare.load_manifest(data_dir)
   tokenizer = tokenizers.load_tokenizer(manifest["tokenizer"], data_dir)
   loglik = make_loglik(family, params, config, tokenizer, int(manifest["eos_id"]), args.batch_size)
-  scores = {}
-  for task, path in tasks:
-    score = zeroshot_tasks.score_task(path, task, loglik, args.limit)
-    score = {k: None if isinstance(v, float) and not np.isfinite(v) else v for k, v in score.items()}
-    scores[task] = dict(score, path=os.path.abspath(path), limit=args.limit)  # NaN stderr (n = 1) -> null
+  scores = score_tasks(loglik, tasks, args.limit)
   merge_result(args.workdir, "zeroshot", scores)
   print(json.dumps({"zeroshot": scores}, sort_keys=True))
   return 0

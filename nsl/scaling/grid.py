@@ -165,9 +165,13 @@ def human(x: float) -> str:
 
 
 def config_hash(config_dict: dict) -> str:
-  # An unset init_seed (the same as seed) is left out, so cells from before the field keep their ids.
-  if config_dict.get("init_seed", 0) is None:
-    config_dict = {k: v for k, v in config_dict.items() if k != "init_seed"}
+  # An unset init_seed (the same as seed) and an empty evals section are left out, so cells from
+  # before those fields keep their ids; logging and profiling never change what a cell trains or
+  # records, so they are always left out (turning W&B on finds the grid's finished cells).
+  config_dict = {k: v for k, v in config_dict.items()
+                 if not (k == "init_seed" and v is None) and not (k == "evals" and not v) and k != "log"}
+  if isinstance(config_dict.get("train"), dict):
+    config_dict["train"] = {k: v for k, v in config_dict["train"].items() if k != "profile_steps"}
   blob = json.dumps(config_dict, sort_keys=True, separators=(",", ":"))
   return hashlib.sha256(blob.encode()).hexdigest()[:10]
 

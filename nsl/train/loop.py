@@ -20,7 +20,9 @@ from nsl import checkpoint, metrics, sharding
 from nsl import config as nsl_config
 from nsl.data import bytes_per_token, pipeline, prepare
 from nsl.errors import ConfigError, NslError
+from nsl.evals import evaluators, nll
 from nsl.models import registry
+from nsl.train import observe
 from nsl.train import program as program_lib
 
 FLOPS_CONVENTION = ("6 x params used per token (embedding counted once, as the tied head) + "
@@ -100,6 +102,7 @@ class Trainer:
     """`devices`: the devices of the mesh (default: all). Tests use a subset to compare meshes."""
     self.config, self.workdir, self.restore_from = config, os.path.abspath(workdir), restore_from
     self.progress = progress
+    observe.check_wandb(config)  # a missing package fails before anything is built
     self._preemption = _Preemption().__enter__()  # SIGTERM while compiling still ends with a record
     devices = list(devices) if devices is not None else jax.devices()
     # The compiled program is built by the same code as `nsl.compile`'s (one path, not a copy);
@@ -126,6 +129,10 @@ class Trainer:
     self.eval_batches = pipeline.make_eval_batches(
         config.data.path, "val", seq_len=config.data.seq_len, batch_size=t.batch_size // t.grad_accum,
         max_batches=t.eval_batches, process_index=jax.process_index(), process_count=jax.process_count())
+    # config.evals, run beside the validation NLL; their data is checked here, before any step.
+    self.evaluators = evaluators.build(evaluators.Context(
+        config, self.family, self.mesh, self._eval_step, self.eval_suffix, t.batch_size // t.grad_accum,
+        jax.process_index(), jax.process_count()))
     self.checkpointer = checkpoint.Checkpointer(os.path.join(self.workdir, "checkpoints"),
                                                 keep=config.checkpoint.keep,
                                                 async_save=config.checkpoint.async_save)
@@ -165,13 +172,16 @@ class Trainer:
       print(f"nsl: {msg}", flush=True)
 
   def evaluate(self, params) -> float:
-    total = count = 0.0
-    with self.program.mesh_context():
-      for batch in self.eval_batches:
-        s, w = self._eval_step(params, sharding.global_batch(batch, self.mesh))
-        total += float(s)
-        count += float(w)
+    """The validation NLL (the same loop as `python -m nsl.evals.nll`)."""
+    total, count = nll.summed_nll(self._eval_step, params, self.eval_batches, self.mesh)
     return total / max(count, 1.0)
+
+  def evaluations(self, params) -> dict[str, float]:
+    """The metrics.jsonl fields of one evaluation: the validation NLL and every config.evals metric."""
+    out = {"eval_val_nll" + self.eval_suffix: self.evaluate(params)}
+    with self.program.mesh_context():
+      out.update(evaluators.run_all(self.evaluators, params))
+    return out
 
   # -- the loop ---------------------------------------------------------------------------------
   def run(self) -> dict[str, Any]:
@@ -186,7 +196,9 @@ class Trainer:
       metrics.write_json(os.path.join(self.workdir, "config.json"), nsl_config.to_dict(cfg))
     # A resumed run replays the steps after its checkpoint: their old lines (and a partial last
     # line of a killed write) are dropped, so every step is logged once.
-    writer = metrics.MetricsWriter(self.workdir, enabled=self.is_main, resume_step=start)
+    sinks = [observe.WandbSink(cfg, self.workdir, nsl_config.to_dict(cfg))] if self.is_main and cfg.get("log", {}).get("wandb") else []
+    writer = metrics.MetricsWriter(self.workdir, enabled=self.is_main, resume_step=start, sinks=sinks)
+    profiler = observe.StepProfiler(t.get("profile_steps"), self.workdir, self._log)
     bar = metrics.Progress(t.steps, initial=start, enabled=self.is_main and self.progress, every=t.log_every)
     meta = {"config": nsl_config.to_dict(cfg)}
     # The run's own counters travel in every checkpoint, so a resumed (or re-finished) run
@@ -214,8 +226,10 @@ class Trainer:
           status = "preempted"
         while step < t.steps and status == "done":
           batch = sharding.global_batch(next(self.train_iter), self.mesh)
+          profiler.before_step(step + 1)
           state, m = self._train_step(state, batch, self.base_rng)
           step += 1
+          profiler.after_step(step, state)
           nonfinite_since = m["nonfinite"] if nonfinite_since is None else nonfinite_since + m["nonfinite"]
           if step % t.log_every == 0 or step == t.steps:
             m = jax.device_get(m)
@@ -238,8 +252,9 @@ class Trainer:
                              f"(train.max_nonfinite={t.max_nonfinite}); the last good checkpoint is kept "
                              "in the workdir — lower train.lr or check the data")
           if step % t.eval_every == 0 and step < t.steps:
-            eval_loss, eval_step = self.evaluate(state.params), step
-            writer.write(step, {"eval_val_nll" + self.eval_suffix: eval_loss})
+            evals = self.evaluations(state.params)
+            eval_loss, eval_step = evals["eval_val_nll" + self.eval_suffix], step
+            writer.write(step, evals)
           if step % cfg.checkpoint.every == 0 and step < t.steps:
             if nonfinite_since is not None:  # the count in the checkpoint is exact at its step
               nonfinite_total += int(jax.device_get(nonfinite_since))
@@ -254,8 +269,9 @@ class Trainer:
       if status == "done" and eval_step != step:
         # Evaluated before the final checkpoint, which then records it: a kill between the two
         # writes costs only this evaluation, and a rerun rewrites result.json from the checkpoint.
-        eval_loss, eval_step = self.evaluate(state.params), step
-        writer.write(step, {"eval_val_nll" + self.eval_suffix: eval_loss})
+        evals = self.evaluations(state.params)
+        eval_loss, eval_step = evals["eval_val_nll" + self.eval_suffix], step
+        writer.write(step, evals)
       if self.checkpointer.latest_step() != step:
         self.checkpointer.save(step, state, self.train_iter, record_meta(), force=True)
       self.checkpointer.wait()
@@ -264,6 +280,7 @@ class Trainer:
         status = "failed"
       raise
     finally:
+      profiler.close()
       bar.close()
       writer.close()
       try:

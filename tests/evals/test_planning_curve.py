@@ -57,7 +57,7 @@ def _fingerprint(params) -> float:
 def test_every_checkpoint_scored_with_its_train_record(tmp_path, monkeypatch):
   config, family, workdir = _run(tmp_path)
   _save(workdir, [(10, 0), (20, 1)], family, config)
-  task, prompts, answers = planning._test_set(config, None, None)
+  task, prompts, answers = planning.load_test_set(config, None, None)
   direct = {s: planning.score(task, family, _state(family, config, seed).params, prompts, answers, 8)
             for s, seed in ((10, 0), (20, 1))}
   decoded = []  # which parameters each point was decoded with (untrained models score alike)
@@ -107,7 +107,7 @@ def test_root_study_groups_seeds_and_reports_each_seeds_last_point(tmp_path):
     with open(cell / "result.json", "w") as f:
       json.dump({"status": "done" if done else "preempted"}, f)
     _save(str(cell), [(10, 5 + seed), (20, 10 + seed)], family, config)
-    task, prompts, answers = planning._test_set(config, None, None)
+    task, prompts, answers = planning.load_test_set(config, None, None)
     direct[f"seed{seed}"] = planning.score(task, family, _state(family, config, 10 + seed).params, prompts, answers, 8)
   assert planning_study.main(["--root", str(root), "--batch_size=8"]) == 0
   with open(root / "planning_study.json") as f:
@@ -129,7 +129,7 @@ def test_sampled_evaluation_is_reproducible_and_kept_apart_from_greedy(tmp_path)
   own file beside the greedy one; a negative temperature is one line, exit 2."""
   config, family, workdir = _run(tmp_path)
   _save(workdir, [(10, 0)], family, config)
-  task, prompts, answers = planning._test_set(config, None, None)
+  task, prompts, answers = planning.load_test_set(config, None, None)
   params = _state(family, config, 0).params
   flat = nn.unbox(family.init(jax.random.PRNGKey(0)))  # untrained: near-uniform next-token odds
   draws = {seed: planning._answers(family, flat, prompts, task.answer_len(), 8, 1.0, seed) for seed in (0, 1)}
