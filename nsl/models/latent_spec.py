@@ -30,8 +30,12 @@ def answer_token(config) -> int:
   return int(config.data.get("answer_token", NO_PROMPT_MASKING))
 
 
-def _read(cls, section, where: str):
-  """`cls` built from a config section: each field cast to its default's type, unknown fields refused."""
+def _read(cls, config, name: str, start: str, fill: str):
+  """`cls` built from `config.model.<name>`: each field cast to its default's type, unknown fields
+  refused; a missing section names the config to `start` from and the helper that `fill`s it."""
+  section, where = config.model.get(name), f"model.{name}"
+  if section is None:
+    raise ConfigError(f"config.{where} is missing; start from {start} or add `c.{where} = {fill}`")
   names = [f.name for f in dataclasses.fields(cls)]
   unknown = sorted(set(section) - set(names))
   if unknown:
@@ -68,11 +72,7 @@ class NextLatSpec:
 
   @staticmethod
   def from_config(config) -> "NextLatSpec":
-    section = config.model.get("nextlat")
-    if section is None:
-      raise ConfigError("config.model.nextlat is missing; start from configs/nextlat.py:tiny or add "
-                        "`c.model.nextlat = nsl.models.latent_spec.nextlat_section()`")
-    spec = _read(NextLatSpec, section, "model.nextlat")
+    spec = _read(NextLatSpec, config, "nextlat", "configs/nextlat.py:tiny", "nsl.models.latent_spec.nextlat_section()")
     _at_least("model.nextlat", spec, ("horizon", "hidden", "draft_len"), 1)
     _at_least("model.nextlat", spec, ("lambda_h", "lambda_kl"), 0)
     if spec.latent not in LATENTS:
@@ -88,11 +88,7 @@ class MTPSpec:
 
   @staticmethod
   def from_config(config) -> "MTPSpec":
-    section = config.model.get("mtp")
-    if section is None:
-      raise ConfigError("config.model.mtp is missing; start from configs/nextlat.py:mtp_tiny or add "
-                        "`c.model.mtp = nsl.models.latent_spec.mtp_section(horizon=D)`")
-    spec = _read(MTPSpec, section, "model.mtp")
+    spec = _read(MTPSpec, config, "mtp", "configs/nextlat.py:mtp_tiny", "nsl.models.latent_spec.mtp_section(horizon=D)")
     _at_least("model.mtp", spec, ("horizon",), 1)
     return spec
 
