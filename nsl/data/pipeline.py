@@ -26,8 +26,11 @@ with `tokens`, where the stored value `manifest["label_ignore"]` becomes -1 (no 
 neither and yield exactly {'tokens', 'segment'} as before.
 
 The iterator is a Grain DatasetIterator: `get_state()` / `set_state()` checkpoint and restore
-its position exactly. Reading runs in the calling thread (no workers): a batch is a few
-vectorised memmap copies.
+its position exactly. Reading and packing (the memmap copies, segment ids, labels) run on
+`READ_THREADS` Grain worker threads that keep up to `PREFETCH` batches ready ahead of the train
+step; Grain hands them out in index order, so the batches, and the state (`{"next_index": i}`,
+the same as with no threads, so older checkpoints restore), do not depend on the thread count
+(docs/guide/data.md#pipeline).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from nsl.data.datadir import load_manifest, verify_split
 from nsl.errors import ConfigError, DataError
 
 VERIFY_MODES = ("size", "sha256")
+READ_THREADS = 2  # a batch is a few memmap copies: two threads keep far ahead of any train step
+PREFETCH = 4  # batches read ahead (host memory: PREFETCH x rows x (seq_len + 1) x 8 bytes)
 
 
 class SplitTokens:
@@ -154,10 +159,11 @@ def num_windows(data_dir: str, split: str, seq_len: int) -> int:
 
 def make_train_iterator(data_dir: str, seq_len: int, global_batch_size: int, seed: int,
                         process_index: int = 0, process_count: int = 1,
-                        verify: str = "size"):
+                        verify: str = "size", read_threads: int = READ_THREADS, prefetch: int = PREFETCH):
   """Infinite iterator of {'tokens', 'segment'}: int32 [global_batch_size // process_count,
   seq_len + 1], this process's rows of each global batch. A grain.DatasetIterator, so
   `get_state()` / `set_state(state)` checkpoint it. `verify='sha256'` hashes every shard first.
+  `read_threads` = 0 reads in the calling thread (the same batches, later).
   """
   import grain
 
@@ -173,8 +179,16 @@ def make_train_iterator(data_dir: str, seq_len: int, global_batch_size: int, see
         .batch(global_batch_size, drop_remainder=True)
         .map(_ReadRows(tokens, seq_len + 1, manifest["eos_id"], rows, open_labels(data_dir, manifest, "train"),
                        open_extras(data_dir, manifest, "train"))))
-  read = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
-  return iter(ds.to_iter_dataset(read))
+  return iter(ds.to_iter_dataset(read_options(read_threads, prefetch)))
+
+
+def read_options(read_threads: int, prefetch: int):
+  """Grain's ReadOptions: `read_threads` workers keeping `prefetch` batches ready (0, 0: inline)."""
+  import grain
+
+  if read_threads < 0 or prefetch < 0 or (read_threads > 0) != (prefetch > 0):
+    raise ConfigError(f"read_threads={read_threads}, prefetch={prefetch}: both 0 (read inline) or both positive")
+  return grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=prefetch)
 
 
 class EvalBatches:

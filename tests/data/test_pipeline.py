@@ -129,3 +129,20 @@ def test_eval_batches_cover_split_in_order_with_padding(byte_dir):
     np.testing.assert_array_equal(np.concatenate([h0["tokens"], h1["tokens"]]), whole[b]["tokens"])
   with pytest.raises(DataError, match="less than one window"):
     pipeline.make_eval_batches(byte_dir, "val", flat.size, 2)
+
+
+def test_read_threads_change_nothing_but_speed(byte_dir):
+  """Grain's worker threads hand batches out in index order: the same batches and states as inline
+  reading, and a state saved with one thread count restores under another."""
+  inline = pipeline.make_train_iterator(byte_dir, SEQ, 4, seed=5, read_threads=0, prefetch=0)
+  threaded = pipeline.make_train_iterator(byte_dir, SEQ, 4, seed=5, read_threads=3, prefetch=5)
+  for _ in range(9):
+    a, b = next(inline), next(threaded)
+    np.testing.assert_array_equal(a["tokens"], b["tokens"])
+    np.testing.assert_array_equal(a["segment"], b["segment"])
+  assert inline.get_state() == threaded.get_state()
+  resumed = pipeline.make_train_iterator(byte_dir, SEQ, 4, seed=5, read_threads=0, prefetch=0)
+  resumed.set_state(threaded.get_state())
+  np.testing.assert_array_equal(next(resumed)["tokens"], next(threaded)["tokens"])
+  with pytest.raises(ConfigError, match="both 0 .* or both positive"):
+    pipeline.make_train_iterator(byte_dir, SEQ, 4, seed=5, read_threads=2, prefetch=0)
