@@ -23,8 +23,11 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 import nsl
-from nsl import procs
+from nsl import procs, storage
 from nsl.errors import NslError, disk_full_cause, disk_full_error, warn
+
+
+COMMIT_FILE = "commit_success.txt"  # Orbax's mark of a finished step in object storage
 
 
 class _Snapshot:
@@ -41,10 +44,23 @@ class _Snapshot:
 
 class Checkpointer:
   def __init__(self, directory: str, keep: int, async_save: bool = True):
-    self.directory = os.path.abspath(directory)
+    self.directory = storage.resolve(directory)  # a local directory or gs://bucket/...
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=async_save)
+    if storage.is_remote(self.directory) and jax.process_index() == 0:
+      self._remove_unfinished()
+    if jax.process_count() > 1 and storage.is_remote(self.directory):
+      multihost_utils.sync_global_devices("nsl_ckpt_unfinished_removed")
     self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def _remove_unfinished(self) -> None:
+    """In a bucket Orbax writes a step in place and marks it done with commit_success.txt (no
+    atomic rename there); a step without it is a save cut short by a kill, as a local
+    `<step>.orbax-checkpoint-tmp-*` directory is: removed quietly, not reported as damage."""
+    for name in storage.listdir(self.directory) if storage.isdir(self.directory) else []:
+      step_dir = storage.join(self.directory, name)
+      if name.isdigit() and not storage.isfile(storage.join(step_dir, COMMIT_FILE)):
+        storage.rmtree(step_dir)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -99,7 +115,7 @@ class Checkpointer:
         reason = f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
         damaged.append(step)
         older = [s for s in steps if s < step]
-        warn(f"checkpoint {self.directory}/{step} is damaged ({reason}); "
+        warn(f"checkpoint {storage.join(self.directory, str(step))} is damaged ({reason}); "
              + (f"falling back to step {max(older)}" if older else "no older checkpoint")
              + f"; it is kept as {step}.damaged")
         self._set_aside(step)
@@ -115,20 +131,20 @@ class Checkpointer:
     directory is damage to report, not something to silently skip)."""
     steps = set(self.all_steps())
     try:
-      names = os.listdir(self.directory)
+      names = storage.listdir(self.directory)
     except OSError:
       names = []
-    steps.update(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(self.directory, n)))
+    steps.update(int(n) for n in names if n.isdigit() and storage.isdir(storage.join(self.directory, n)))
     return sorted(steps)
 
   def _set_aside(self, step: int) -> None:
     if jax.process_index() == 0:
-      src = os.path.join(self.directory, str(step))
-      dst = os.path.join(self.directory, f"{step}.damaged")
-      if os.path.exists(dst):
+      src = storage.join(self.directory, str(step))
+      dst = storage.join(self.directory, f"{step}.damaged")
+      if storage.exists(dst):
         dst = f"{dst}-{int(time.time())}"
       try:
-        os.rename(src, dst)
+        storage.rename(src, dst)
       except OSError:
         pass
     if jax.process_count() > 1:
@@ -171,10 +187,11 @@ class Checkpointer:
 def restore_params(path: str, abstract_state, flag: str = "--restore_from"):
   """Parameters of the latest checkpoint under `path` (a run's workdir or its checkpoints dir).
   `flag` is the command-line option that named `path`, for the error messages."""
-  directory = path if os.path.basename(os.path.normpath(path)) == "checkpoints" else os.path.join(path, "checkpoints")
-  if not os.path.isdir(directory):
+  directory = path if storage.basename(path) == "checkpoints" else storage.join(path, "checkpoints")
+  storage.check_bucket(path, flag)
+  if not storage.isdir(directory):
     raise NslError(f"{flag}={path!r}: no checkpoints directory at {directory}")
-  manager = ocp.CheckpointManager(os.path.abspath(directory), options=ocp.CheckpointManagerOptions(read_only=True))
+  manager = ocp.CheckpointManager(storage.resolve(directory), options=ocp.CheckpointManagerOptions(read_only=True))
   try:
     steps = sorted(manager.all_steps(), reverse=True)
     if not steps:
@@ -189,7 +206,7 @@ def restore_params(path: str, abstract_state, flag: str = "--restore_from"):
         if _is_shape_mismatch(e):
           mismatch = mismatch or (step, reason)
         else:
-          warn(f"{flag}: checkpoint {directory}/{step} is damaged ({reason}); trying an older one")
+          warn(f"{flag}: checkpoint {storage.join(directory, str(step))} is damaged ({reason}); trying an older one")
     if mismatch is not None:
       raise NslError(f"{flag}={path!r}: checkpoint step {mismatch[0]} does not match this model "
                      f"({mismatch[1]}); use a run of the same architecture")
@@ -224,7 +241,9 @@ class WorkdirLock:
 
   A second trainer on the same workdir refuses with one line naming the holder. A lock left by a
   process that is gone (same host, pid dead or reused) is stale and taken over; one from another
-  host cannot be checked and is only taken over when the user deletes it.
+  host cannot be checked and is only taken over when the user deletes it. In a gs:// workdir the
+  lock is an object written with GCS's create-only precondition, so of two trainers one wins; other
+  object stores have no such write and are refused (docs/guide/storage.md#the-workdir-lock).
   """
 
   NAME = ".nsl.lock"
@@ -234,35 +253,36 @@ class WorkdirLock:
 
   @classmethod
   def acquire(cls, workdir: str) -> "WorkdirLock":
-    path = os.path.join(workdir, cls.NAME)
+    path = storage.join(storage.resolve(workdir), cls.NAME)
     info = {"pid": os.getpid(), "host": socket.gethostname(), "start": procs.proc_start(os.getpid()),
             "since": time.time()}
     for _ in range(3):
-      try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-      except FileExistsError:
-        holder = cls._read(path)
-        if holder is not None and cls._alive(holder) and holder.get("pid") != os.getpid():
-          raise NslError(f"--workdir={workdir} is in use by another trainer (pid {holder.get('pid')} on "
-                         f"{holder.get('host')}, lock {path}); wait for it to finish, stop it, or use another "
-                         "--workdir (delete the lock only if that process is gone)")
-        stale = f"{path}.stale{os.getpid()}"
-        try:
-          os.rename(path, stale)  # atomic: of two trainers taking over, one wins the retry
-          os.remove(stale)
-        except FileNotFoundError:
-          pass
-        continue
-      with os.fdopen(fd, "w") as f:
-        json.dump(info, f)
-      return cls(path, info)
+      if storage.create_exclusive(path, json.dumps(info)):
+        return cls(path, info)
+      holder = cls._read(path)
+      if holder is not None and cls._alive(holder) and holder.get("pid") != os.getpid():
+        raise NslError(f"--workdir={workdir} is in use by another trainer (pid {holder.get('pid')} on "
+                       f"{holder.get('host')}, lock {path}); wait for it to finish, stop it, or use another "
+                       "--workdir (delete the lock only if that process is gone)")
+      cls._remove_stale(path)
     raise NslError(f"--workdir={workdir}: could not take the lock {path}; another trainer is starting there")
+
+  @staticmethod
+  def _remove_stale(path: str) -> None:
+    if storage.is_remote(path):
+      storage.remove(path)  # two takers racing both retry the create-only write: one wins
+      return
+    stale = f"{path}.stale{os.getpid()}"
+    try:
+      os.rename(path, stale)  # atomic: of two trainers taking over, one wins the retry
+      os.remove(stale)
+    except FileNotFoundError:
+      pass
 
   @staticmethod
   def _read(path: str) -> dict | None:
     try:
-      with open(path) as f:
-        return json.load(f)
+      return json.loads(storage.read_text(path))
     except (OSError, ValueError):
       return None
 
@@ -277,8 +297,6 @@ class WorkdirLock:
     holder = self._read(self.path)
     if holder is not None and holder.get("pid") == self.info["pid"] and holder.get("start") == self.info["start"]:
       try:
-        os.remove(self.path)
+        storage.remove(self.path)
       except OSError:
         pass
-
-

@@ -16,15 +16,16 @@ import os
 import signal
 import sys
 
+from nsl import storage
 from nsl.errors import ArgumentParser, ConfigError, cli_main
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str]]]:
   parser = ArgumentParser(prog="python -m nsl.launch", description=__doc__.split("\n")[0])
   parser.add_argument("--config", required=True, help="config file with get_config(), or FILE.py:ARG (configs/sps.py:xl)")
-  parser.add_argument("--workdir", help="run directory (required for training)")
+  parser.add_argument("--workdir", help="run directory, local or gs://bucket/dir (required for training)")
   parser.add_argument("--mode", default="train", choices=("train", "describe"))
-  parser.add_argument("--restore_from", default=None, help="initialise parameters from another run's workdir")
+  parser.add_argument("--restore_from", default=None, help="initialise parameters from another run's workdir (local or gs://)")
   parser.add_argument("--distributed", default="off", choices=("off", "auto", "explicit"),
                       help="initialise jax.distributed (explicit is implied by --coordinator_address)")
   parser.add_argument("--coordinator_address", default=os.environ.get("NSL_COORDINATOR_ADDRESS"))
@@ -50,6 +51,8 @@ def check_workdir(workdir: str) -> str:
   """The absolute run directory, created if missing; ConfigError when it cannot be one."""
   if not workdir or not workdir.strip():
     raise ConfigError("--workdir is empty; pass the run directory, e.g. --workdir=runs/mine")
+  if storage.is_remote(workdir):
+    return check_remote_workdir(workdir)
   path = os.path.abspath(workdir)
   if os.path.exists(path) and not os.path.isdir(path):
     raise ConfigError(f"--workdir={workdir} is a file, not a directory; choose another --workdir")
@@ -78,6 +81,39 @@ def check_workdir(workdir: str) -> str:
   except OSError as e:
     raise ConfigError(f"--workdir={workdir} is not writable ({e.strerror}); fix its permissions or choose "
                       "another --workdir") from None
+  return path
+
+
+RUN_ENTRIES = {"config.json", "metrics.jsonl", "result.json", "checkpoints", "tb", ".nsl.lock",
+               "profile", "wandb_run_id"}
+
+
+def check_remote_workdir(workdir: str) -> str:
+  """`check_workdir` for gs://bucket/dir: the bucket is reachable, the prefix is a new or nsl run
+  directory (not a data dir, not someone else's objects), and a probe object can be written."""
+  path = storage.resolve(workdir)
+  storage.check_bucket(path, "--workdir")
+  if storage.scheme(path) not in storage.LOCK_SCHEMES:
+    raise ConfigError(f"--workdir={workdir}: {storage.scheme(path)}:// has no create-only write, so nsl cannot "
+                      "lock a workdir there; use a gs:// or local --workdir")
+  names = set(storage.listdir(path))
+  if "manifest.json" in names:
+    raise ConfigError(f"--workdir={workdir} is a prepared data directory (it holds manifest.json); "
+                      "choose a new directory for the run")
+  if storage.basename(path) == "checkpoints" and storage.isfile(storage.join(storage.dirname(path), "config.json")):
+    raise ConfigError(f"--workdir={workdir} is the checkpoints directory of a run; pass the run directory "
+                      f"{storage.dirname(path)} instead")
+  foreign = sorted(n for n in names if n not in RUN_ENTRIES)
+  if foreign:
+    raise ConfigError(f"--workdir={workdir} holds objects nsl did not write ({', '.join(foreign[:3])}"
+                      f"{', ...' if len(foreign) > 3 else ''}); choose a new prefix for the run")
+  probe = storage.join(path, f".nsl-write-test-{os.getpid()}")
+  try:
+    storage.write_text(probe, "")
+    storage.remove(probe)
+  except Exception as e:
+    raise ConfigError(f"--workdir={workdir} is not writable ({type(e).__name__}: {' '.join(str(e).split())[:120]}); "
+                      "check the credentials' permissions or choose another --workdir") from None
   return path
 
 

@@ -29,6 +29,7 @@ from typing import Iterator
 
 import numpy as np
 
+from nsl import storage
 from nsl.errors import DataError
 
 FORMAT_VERSION = 1
@@ -128,8 +129,7 @@ class ShardWriter:
 # -- reading ------------------------------------------------------------------------------------
 def _read_json(path: str) -> dict:
   try:
-    with open(path, encoding="utf-8") as f:
-      return json.load(f)
+    return json.loads(storage.read_text(path))
   except json.JSONDecodeError as e:
     raise DataError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}); delete the "
                     "directory and re-run nsl.data.prepare") from None
@@ -182,11 +182,12 @@ def check_manifest(path: str, manifest) -> None:
 
 def load_manifest(data_dir: str) -> dict:
   """The manifest of a prepared data directory (DataError if missing, invalid or too new)."""
-  path = os.path.join(data_dir, MANIFEST)
-  if not os.path.isfile(path):
-    what = "does not exist" if not os.path.isdir(data_dir) else f"has no {MANIFEST}"
-    raise DataError(f"data dir {data_dir} {what}; run `python -m nsl.data.prepare "
-                    f"--source=... --out={data_dir}` first")
+  path = storage.join(data_dir, MANIFEST)
+  if not storage.isfile(path):
+    what = "does not exist" if not storage.isdir(data_dir) else f"has no {MANIFEST}"
+    hint = (f"prepare it locally and copy the directory there (docs/guide/data.md#data-in-object-storage)"
+            if storage.is_remote(data_dir) else f"run `python -m nsl.data.prepare --source=... --out={data_dir}` first")
+    raise DataError(f"data dir {data_dir} {what}; {hint}")
   manifest = _read_json(path)
   check_manifest(path, manifest)
   return manifest
@@ -336,3 +337,51 @@ def write_labelled_dir(out_dir: str, splits: dict[str, tuple[np.ndarray, np.ndar
         "label_ignore": LABEL_IGNORE, "splits": manifest_splits, "task": extra,
     }
     return st.install(manifest, force)
+
+
+# -- object storage -----------------------------------------------------------------------------
+def fetch(data_dir: str) -> str:
+  """The local directory to read `data_dir` from: itself when local; for `gs://...` a copy in
+  `$NSL_CACHE_DIR/data/` (docs/guide/data.md#data-in-object-storage), brought up to date with the
+  bucket's manifest. Each shard is downloaded once, checked against the manifest's size and
+  sha256, and the manifest is written last, so an interrupted copy is resumed, never read."""
+  if not storage.is_remote(data_dir):
+    return data_dir
+  data_dir = storage.resolve(data_dir)
+  storage.check_bucket(data_dir, "config.data.path")
+  manifest = load_manifest(data_dir)  # DataError naming the bucket path when it is missing
+  remote_text = json.dumps(manifest, sort_keys=True)
+  local = storage.cache_dir("data", data_dir)
+  local_manifest = os.path.join(local, MANIFEST)
+  if os.path.isfile(local_manifest):
+    try:
+      if json.dumps(_read_json(local_manifest), sort_keys=True) == remote_text:
+        return local
+    except DataError:
+      pass
+    os.remove(local_manifest)  # the bucket's copy changed: the old one must not be read
+  os.makedirs(local, exist_ok=True)
+  expected = {}
+  for split in manifest["splits"].values():
+    for _, shards in shard_lists(split):
+      for shard in shards:
+        if not os.path.isabs(shard["file"]):
+          expected[shard["file"]] = shard
+  names = set(expected) | {n for n in storage.listdir(data_dir) if n != MANIFEST and not n.startswith(".")}
+  for name in sorted(names):
+    src, dst = storage.join(data_dir, name), os.path.join(local, name)
+    shard = expected.get(name)
+    if shard is not None and os.path.isfile(dst) and os.path.getsize(dst) == shard["bytes"]:
+      continue  # kept from an interrupted copy; verified below
+    if not storage.isfile(src):
+      if shard is not None:
+        raise DataError(f"corrupt data dir {data_dir}: its manifest lists {name}, which is not there; {_FIX}")
+      continue  # a sub-directory: data dirs are flat
+    storage.download(src, dst)
+  for split in manifest["splits"]:
+    verify_split(local, manifest, split, full_checksum=True)
+  tmp = f"{local_manifest}.tmp{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(manifest, f, indent=1)
+  os.replace(tmp, local_manifest)
+  return local

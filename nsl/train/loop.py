@@ -16,9 +16,10 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 import nsl
-from nsl import checkpoint, metrics, sharding
+from nsl import checkpoint, metrics, sharding, storage
 from nsl import config as nsl_config
-from nsl.data import bytes_per_token, pipeline, prepare
+from nsl.data import mixture
+from nsl.data import bytes_per_token, datadir, pipeline, prepare
 from nsl.errors import ConfigError, NslError
 from nsl.evals import evaluators, nll
 from nsl.models import registry
@@ -72,6 +73,10 @@ class _Preemption:
 def prepare_data(config) -> dict[str, Any]:
   """Prepares the corpus on process 0 when missing (cached), then every process reads the manifest."""
   d = config.data
+  if d.get("mixture"):  # a mixture's dirs are prepared beforehand: check that they agree
+    return mixture.load_manifests(d.mixture, config.model.vocab_size)
+  if storage.is_remote(d.path):  # prepared elsewhere; every process reads its own local copy
+    return prepare.load_manifest(datadir.fetch(d.path))
   kwargs = dict(sources=list(d.sources), tokenizer=d.tokenizer, vocab_size=d.tokenizer_vocab,
                 gpt2_bpe=d.gpt2_bpe or None, val_fraction=d.val_fraction)
   if jax.process_index() == 0:
@@ -100,7 +105,9 @@ class Trainer:
   def __init__(self, config, workdir: str, restore_from: str | None = None, progress: bool = True,
                devices=None):
     """`devices`: the devices of the mesh (default: all). Tests use a subset to compare meshes."""
-    self.config, self.workdir, self.restore_from = config, os.path.abspath(workdir), restore_from
+    self.config, self.workdir, self.restore_from = config, storage.resolve(workdir), restore_from
+    # The records' local directory: the workdir itself, or a cache copied up to a gs:// workdir.
+    self.records = storage.Records(self.workdir)
     self.progress = progress
     observe.check_wandb(config)  # a missing package fails before anything is built
     self._preemption = _Preemption().__enter__()  # SIGTERM while compiling still ends with a record
@@ -111,29 +118,33 @@ class Trainer:
     self.is_main = jax.process_index() == 0
     self.lock = None
     if self.is_main:
-      os.makedirs(self.workdir, exist_ok=True)
+      storage.makedirs(self.workdir)
       self.lock = checkpoint.WorkdirLock.acquire(self.workdir)  # a second trainer here refuses
+      self.records.pull()
     self.mesh, self.family, self.optimizer, self.schedule = p.mesh, p.family, p.optimizer, p.schedule
     self.state_sharding, self.abstract_state = p.state_sharding, p.abstract_state
     self.counts, self.flops_per_token = p.counts, p.flops_per_token
     self._train_step, self._eval_step, self._init = p.train_step, p.eval_step, p.init
     self.manifest = prepare_data(config)
+    self.data_path = datadir.fetch(config.data.path)  # config.data.path, or its local copy
     # "" for most families; a LIFT run names a non-own state feed (eval_val_nll_feed_teacher).
     self.eval_suffix = self.family.eval_suffix
     t = config.train
     self.tokens_per_step = config.data.seq_len * t.batch_size
     self.base_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
-    self.train_iter = pipeline.make_train_iterator(
-        config.data.path, seq_len=config.data.seq_len, global_batch_size=t.batch_size, seed=config.seed,
+    # A weighted mixture of data dirs (config.data.mixture) replaces data.path's stream and split.
+    self.mixture = mixture.for_trainer(config, jax.process_index(), jax.process_count())
+    self.train_iter = self.mixture.train_iter if self.mixture else pipeline.make_train_iterator(
+        self.data_path, seq_len=config.data.seq_len, global_batch_size=t.batch_size, seed=config.seed,
         process_index=jax.process_index(), process_count=jax.process_count(), verify=config.data.verify)
-    self.eval_batches = pipeline.make_eval_batches(
-        config.data.path, "val", seq_len=config.data.seq_len, batch_size=t.batch_size // t.grad_accum,
+    self.eval_batches = None if self.mixture else pipeline.make_eval_batches(
+        self.data_path, "val", seq_len=config.data.seq_len, batch_size=t.batch_size // t.grad_accum,
         max_batches=t.eval_batches, process_index=jax.process_index(), process_count=jax.process_count())
     # config.evals, run beside the validation NLL; their data is checked here, before any step.
     self.evaluators = evaluators.build(evaluators.Context(
         config, self.family, self.mesh, self._eval_step, self.eval_suffix, t.batch_size // t.grad_accum,
         jax.process_index(), jax.process_count()))
-    self.checkpointer = checkpoint.Checkpointer(os.path.join(self.workdir, "checkpoints"),
+    self.checkpointer = checkpoint.Checkpointer(storage.join(self.workdir, "checkpoints"),
                                                 keep=config.checkpoint.keep,
                                                 async_save=config.checkpoint.async_save)
 
@@ -178,7 +189,10 @@ class Trainer:
 
   def evaluations(self, params) -> dict[str, float]:
     """The metrics.jsonl fields of one evaluation: the validation NLL and every config.evals metric."""
-    out = {"eval_val_nll" + self.eval_suffix: self.evaluate(params)}
+    if self.mixture:  # each source's val split, and their weighted mean as eval_val_nll
+      out = self.mixture.evaluate(lambda b: nll.summed_nll(self._eval_step, params, b, self.mesh), self.eval_suffix)
+    else:
+      out = {"eval_val_nll" + self.eval_suffix: self.evaluate(params)}
     with self.program.mesh_context():
       out.update(evaluators.run_all(self.evaluators, params))
     return out
@@ -193,12 +207,12 @@ class Trainer:
     if start >= t.steps:
       self._log(f"{self.workdir} already finished {start} steps; rewriting result.json from its checkpoint")
     if self.is_main:
-      metrics.write_json(os.path.join(self.workdir, "config.json"), nsl_config.to_dict(cfg))
+      metrics.write_json(os.path.join(self.records.local, "config.json"), nsl_config.to_dict(cfg))
     # A resumed run replays the steps after its checkpoint: their old lines (and a partial last
     # line of a killed write) are dropped, so every step is logged once.
-    sinks = [observe.WandbSink(cfg, self.workdir, nsl_config.to_dict(cfg))] if self.is_main and cfg.get("log", {}).get("wandb") else []
-    writer = metrics.MetricsWriter(self.workdir, enabled=self.is_main, resume_step=start, sinks=sinks)
-    profiler = observe.StepProfiler(t.get("profile_steps"), self.workdir, self._log)
+    sinks = [observe.WandbSink(cfg, self.records.local, nsl_config.to_dict(cfg))] if self.is_main and cfg.get("log", {}).get("wandb") else []
+    writer = metrics.MetricsWriter(self.records.local, enabled=self.is_main, resume_step=start, sinks=sinks)
+    profiler = observe.StepProfiler(t.get("profile_steps"), self.records.local, self._log)
     bar = metrics.Progress(t.steps, initial=start, enabled=self.is_main and self.progress, every=t.log_every)
     meta = {"config": nsl_config.to_dict(cfg)}
     # The run's own counters travel in every checkpoint, so a resumed (or re-finished) run
@@ -243,6 +257,8 @@ class Trainer:
             record = {k: float(v) for k, v in m.items() if k != "nonfinite"}
             record.update(perf, tokens=step * self.tokens_per_step, nonfinite=int(m["nonfinite"]),
                           nonfinite_total=nonfinite_total)
+            if self.mixture:
+              record.update(self.mixture.train_iter.take_shares())
             writer.write(step, record)
             bar.update(step, {"loss": last_loss, "tok/s": round(perf["tokens_per_sec"])})
             run_length = int(jax.device_get(state.nonfinite_run))
@@ -259,6 +275,8 @@ class Trainer:
             if nonfinite_since is not None:  # the count in the checkpoint is exact at its step
               nonfinite_total += int(jax.device_get(nonfinite_since))
               nonfinite_since = None
+            if self.is_main:  # before the save: a checkpoint's steps are always in the bucket's records
+              self.records.push()
             self.checkpointer.save(step, state, self.train_iter, record_meta())
           if preemption.should_stop(step):
             status = "preempted"
@@ -273,6 +291,8 @@ class Trainer:
         eval_loss, eval_step = evals["eval_val_nll" + self.eval_suffix], step
         writer.write(step, evals)
       if self.checkpointer.latest_step() != step:
+        if self.is_main:
+          self.records.push()
         self.checkpointer.save(step, state, self.train_iter, record_meta(), force=True)
       self.checkpointer.wait()
     except BaseException:
@@ -289,7 +309,8 @@ class Trainer:
         result = self._result(status, step, last_loss, eval_loss, timing(), nonfinite_total,
                               state if status != "failed" else None)
         if self.is_main:
-          metrics.write_json(os.path.join(self.workdir, "result.json"), result)
+          metrics.write_json(os.path.join(self.records.local, "result.json"), result)
+          self.records.push()
         self._preemption.__exit__(None, None, None)
         if self.lock is not None:
           self.lock.release()
@@ -305,7 +326,7 @@ class Trainer:
         "steps": step, "tokens": tokens, **self.counts,
         "flops_per_token": self.flops_per_token, "flops": self.flops_per_token * tokens,
         "flops_convention": FLOPS_CONVENTION, "final_loss": last_loss,
-        "eval": evals, **bytes_per_token.record_fields(self.config.data.path, evals),
+        "eval": evals, **bytes_per_token.record_fields(self.data_path, evals),
         "unigram_entropy_nats": self.manifest.get("unigram_entropy_nats"),
         **timing, "nonfinite_steps": nonfinite_total, "devices": jax.device_count(),
         "processes": jax.process_count(), "nsl_version": nsl.__version__,
