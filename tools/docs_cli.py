@@ -23,13 +23,15 @@ GROUPS = (
     ("Training and inspecting runs", ("nsl.launch", "nsl.report", "nsl.compile", "nsl.hbm")),
     ("Data", ("nsl.data.prepare", "nsl.data.tasks.s5", "nsl.data.tasks.arithmetic", "nsl.data.tasks.path_star",
               "nsl.data.tasks.countdown", "nsl.models.teacher")),
-    ("Evaluation", ("nsl.evals.nll", "nsl.evals.zeroshot", "nsl.evals.length_generalization", "nsl.evals.planning",
-                    "nsl.evals.planning_study", "nsl.evals.gradflow", "nsl.evals.persistent_window")),
+    ("Evaluation", ("nsl.evals.nll", "nsl.evals.zeroshot", "nsl.evals.lm_eval", "nsl.evals.length_generalization",
+                    "nsl.evals.planning", "nsl.evals.planning_study", "nsl.evals.gradflow", "nsl.evals.persistent_window")),
+    ("Generation and Hugging Face", ("nsl.generate", "nsl.hf")),
     ("Scaling laws", ("nsl.scaling.grid", "nsl.scaling.fit", "nsl.scaling.plot", "nsl.scaling.study")),
     ("Benchmarks", ("nsl.bench.train_step", "nsl.bench.attention", "nsl.bench.decode")),
     ("Internal", ("nsl.kernels.cpu_build", "nsl.scaling.backends")),
 )
-SUBCOMMANDS = {"nsl.scaling.grid": ("list", "run", "status"), "nsl.models.teacher": ("precompute",)}
+SUBCOMMANDS = {"nsl.scaling.grid": ("list", "run", "status"), "nsl.models.teacher": ("precompute",),
+               "nsl.hf": ("export", "import")}
 FALLBACK = {
     "--backend": "local subprocesses, the TPU pod script, or Ray tasks",
     "--batch": "batch size in rows", "--batch_size": "rows per batch",

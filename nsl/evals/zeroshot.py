@@ -3,20 +3,13 @@
   python -m nsl.evals.zeroshot --workdir=RUN --task=arc_easy=PATH.jsonl [--task=lambada=PATH ...]
                                [--limit=N] [--batch_size=16]
 
-Tasks (arc_easy, hellaswag, piqa, sciq, lambada) are read and scored by
-`nsl.evals.zeroshot_tasks.score_task`; this module supplies its `loglik(requests)` from the run's
-model the way lm-evaluation-harness does:
-  - tokens: the run's tokenizer (from its data manifest). A context's trailing spaces move to the
-    continuation; continuation tokens = enc(context + continuation)[len(enc(context)):]; an empty
-    context becomes [EOS];
-  - rows: (context + continuation)[-(seq_len + 1):], so long contexts are cut from the left; the
-    model sees row[:-1], right-padded to seq_len (padding is segment 0, which no real token
-    attends to) and batched `--batch_size` rows at a time, longest first;
-  - result: the summed log-probability of the continuation tokens and whether each one is the
-    argmax (greedy).
-The forward pass is the family's `token_logits(params, batch)` (`nsl.models.family.Family`: a
-batch of seq_len + 1 tokens, next-token logits [B, T, V] aligned with its inputs; a LIFT run is
-fed the states it uses at inference).
+Everything runs through lm-evaluation-harness (the `[lmeval]` extra): the tasks (arc_easy,
+hellaswag, piqa, sciq, lambada) are lm-eval's own definitions over local JSONL
+(`nsl.evals.zeroshot_tasks`), and the run is lm-eval's model `nsl.evals.lm_eval_model.NslLM`, which
+tokenizes as the harness does, left-truncates rows to the run's seq_len and scores them with the
+family's `token_logits` (`make_scorer`) `--batch_size` rows at a time
+(docs/guide/evaluation.md#lm-eval-harness). The same model serves `lm_eval --model nsl` for any
+other task (`python -m nsl.evals.lm_eval`).
 Scores merge into RUN/result.json under `zeroshot` (atomically) and print as one JSON object.
 """
 
@@ -26,15 +19,14 @@ import json
 import os
 import sys
 
-import numpy as np
-
 from nsl.errors import NslError, cli_main
 from nsl.evals import zeroshot_tasks
-from nsl.evals.nll import Parser, check_workdir, merge_result, mesh_of, run_data_dir
+from nsl.evals.nll import Parser, check_workdir, merge_result, run_data_dir
 
 
 def encode_pair(tokenizer, context: str, continuation: str, eos_id: int) -> tuple[list[int], list[int]]:
-  """lm-evaluation-harness `_encode_pair`: context and continuation token ids."""
+  """Context and continuation token ids as lm-evaluation-harness's `TemplateLM.loglikelihood`
+  makes them (which `NslLM` inherits); a reference for tests and readers."""
   n_spaces = len(context) - len(context.rstrip())
   if n_spaces:
     context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
@@ -79,42 +71,13 @@ def make_scorer(family, config):
 
 
 def make_loglik(family, params, config, tokenizer, eos_id: int, batch_size: int = 16, scorer=None):
-  """The `loglik(requests) -> [(summed logprob, all greedy)]` callable of `score_task`
-  (`scorer`: a `make_scorer` of this family to reuse; default a new one)."""
-  from nsl import sharding
+  """The run as lm-eval's model (`NslLM`), callable as the `loglik(requests) -> [(summed logprob,
+  all greedy)]` of `score_task` (`scorer`: a `make_scorer` of this family to reuse; default a new one)."""
+  zeroshot_tasks.require_lm_eval()
+  from nsl.evals.lm_eval_model import NslLM
 
-  seq_len, mesh = int(config.data.seq_len), mesh_of(params)
-  score = scorer or make_scorer(family, config)
-  if mesh is not None:  # rows must split evenly over the data-parallel devices
-    dp = mesh.shape["data"] * mesh.shape["fsdp"]
-    batch_size = -(-batch_size // dp) * dp
-
-  def loglik(requests):
-    pairs = [encode_pair(tokenizer, ctx, cont, eos_id) for ctx, cont in requests]
-    order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
-    out: list = [None] * len(pairs)
-    for start in range(0, len(order), batch_size):
-      rows = order[start:start + batch_size]
-      tok = np.full((batch_size, seq_len + 1), eos_id, np.int32)
-      seg = np.zeros((batch_size, seq_len + 1), np.int32)
-      lengths = []
-      for r, i in enumerate(rows):
-        ctx, cont = pairs[i]
-        whole = (ctx + cont)[-(seq_len + 1):]
-        tok[r, :len(whole)], seg[r, :len(whole)] = whole, 1
-        lengths.append((len(whole) - 1, min(len(cont), len(whole) - 1)))
-      if mesh is not None:
-        with sharding.use_mesh(mesh):
-          batch = sharding.global_batch({"tokens": tok, "segment": seg}, mesh)
-          lp, greedy = score(params, batch["tokens"], batch["segment"])
-      else:
-        lp, greedy = score(params, tok, seg)
-      lp, greedy = np.asarray(lp), np.asarray(greedy)
-      for r, (i, (n_in, k)) in enumerate(zip(rows, lengths)):
-        out[i] = (float(lp[r, n_in - k:n_in].sum()), bool(greedy[r, n_in - k:n_in].all()))
-    return out
-
-  return loglik
+  return NslLM(config=config, family=family, params=params, tokenizer=tokenizer, eos_id=eos_id,
+               batch_size=batch_size, scorer=scorer)
 
 
 def score_tasks(loglik, tasks: list[tuple[str, str]], limit: int | None) -> dict[str, dict]:
@@ -123,8 +86,7 @@ def score_tasks(loglik, tasks: list[tuple[str, str]], limit: int | None) -> dict
   scores = {}
   for task, path in tasks:
     score = zeroshot_tasks.score_task(path, task, loglik, limit)
-    score = {k: None if isinstance(v, float) and not np.isfinite(v) else v for k, v in score.items()}
-    scores[task] = dict(score, path=os.path.abspath(path), limit=limit)  # NaN stderr (n = 1) -> null
+    scores[task] = dict(score, path=os.path.abspath(path), limit=limit)
   return scores
 
 
@@ -155,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
   tasks = [_parse_task(t) for t in args.task]
   for task, path in tasks:  # malformed files fail before the model loads
     zeroshot_tasks.read_examples(path, task, args.limit)
+  zeroshot_tasks.require_lm_eval()
   check_workdir(args.workdir)
   from nsl.data import prepare, tokenizers
   from nsl.evals.nll import _load_run
