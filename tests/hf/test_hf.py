@@ -88,6 +88,28 @@ def test_import_gives_nsls_logits_and_a_restorable_run(exported, tmp_path):
   assert nsl_config.to_dict(config2) == nsl_config.to_dict(config)
 
 
+def test_a_checkpoint_saved_by_transformers_imports(tmp_path):
+  """The real import case: LlamaForCausalLM's own save_pretrained directory, bfloat16 weights."""
+  cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=96, num_hidden_layers=2,
+                                 num_attention_heads=2, num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=500.0,
+                                 tie_word_embeddings=True, max_position_embeddings=64)
+  torch.manual_seed(0)
+  model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "norm" in name:
+        p.add_(0.3 * torch.randn_like(p))
+  model.save_pretrained(str(tmp_path / "hf"))
+  config = tiny_config(str(tmp_path / "nodata"), **{"model.vocab_size": 96, "model.norm_eps": 1e-6,
+                                                   "model.rope_theta": 500.0})
+  hf.import_(str(tmp_path / "hf"), str(tmp_path / "run"), config)
+  _, fam, params = runs.load_run(str(tmp_path / "run"))
+  ids = np.random.default_rng(2).integers(0, 96, (2, 20))
+  with torch.no_grad():
+    theirs = model.float()(torch.tensor(ids)).logits.numpy()
+  assert np.abs(theirs - _nsl_logits(fam, params, ids)).max() < 1e-4
+
+
 def test_untied_head_round_trips_through_the_state_dict():
   config = tiny_config("unused", **{"model.tie_embeddings": False})
   from nsl.models import registry
