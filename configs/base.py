@@ -62,6 +62,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.val_fraction = 0.05
   c.data.seq_len = 256
   c.data.verify = "size"  # size | sha256: how shards are checked when opened
+  # "DIR=WEIGHT,DIR=WEIGHT": train on a weighted mixture of prepared data dirs (one tokenizer)
+  # instead of `path`, validating on each (docs/guide/data.md#mixtures); "" = `path` alone
+  c.data.mixture = ""
 
   c.train = ml_collections.ConfigDict()
   c.train.steps = 1000

@@ -439,6 +439,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None, 
     raise ConfigError(f"config.family={config.family!r} is unknown; choose one of {sorted(registry.FAMILIES)}")
   m, d, t = config.model, config.data, config.train
   _check_numeric_ranges(config)
+  if d.get("mixture"):  # a negative weight or a zero sum stops here, before anything is written
+    from nsl.data import mixture
+    mixture.parse(d.mixture)
   if m.d_model % m.n_heads:
     raise ConfigError(f"config.model.n_heads={m.n_heads} does not divide config.model.d_model={m.d_model}")
   if (m.d_model // m.n_heads) % 2:

@@ -18,6 +18,7 @@ from jax.experimental import multihost_utils
 import nsl
 from nsl import checkpoint, metrics, sharding, storage
 from nsl import config as nsl_config
+from nsl.data import mixture
 from nsl.data import bytes_per_token, datadir, pipeline, prepare
 from nsl.errors import ConfigError, NslError
 from nsl.evals import evaluators, nll
@@ -72,6 +73,8 @@ class _Preemption:
 def prepare_data(config) -> dict[str, Any]:
   """Prepares the corpus on process 0 when missing (cached), then every process reads the manifest."""
   d = config.data
+  if d.get("mixture"):  # a mixture's dirs are prepared beforehand: check that they agree
+    return mixture.load_manifests(d.mixture, config.model.vocab_size)
   if storage.is_remote(d.path):  # prepared elsewhere; every process reads its own local copy
     return prepare.load_manifest(datadir.fetch(d.path))
   kwargs = dict(sources=list(d.sources), tokenizer=d.tokenizer, vocab_size=d.tokenizer_vocab,
@@ -129,10 +132,12 @@ class Trainer:
     t = config.train
     self.tokens_per_step = config.data.seq_len * t.batch_size
     self.base_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
-    self.train_iter = pipeline.make_train_iterator(
+    # A weighted mixture of data dirs (config.data.mixture) replaces data.path's stream and split.
+    self.mixture = mixture.for_trainer(config, jax.process_index(), jax.process_count())
+    self.train_iter = self.mixture.train_iter if self.mixture else pipeline.make_train_iterator(
         self.data_path, seq_len=config.data.seq_len, global_batch_size=t.batch_size, seed=config.seed,
         process_index=jax.process_index(), process_count=jax.process_count(), verify=config.data.verify)
-    self.eval_batches = pipeline.make_eval_batches(
+    self.eval_batches = None if self.mixture else pipeline.make_eval_batches(
         self.data_path, "val", seq_len=config.data.seq_len, batch_size=t.batch_size // t.grad_accum,
         max_batches=t.eval_batches, process_index=jax.process_index(), process_count=jax.process_count())
     # config.evals, run beside the validation NLL; their data is checked here, before any step.
@@ -184,7 +189,10 @@ class Trainer:
 
   def evaluations(self, params) -> dict[str, float]:
     """The metrics.jsonl fields of one evaluation: the validation NLL and every config.evals metric."""
-    out = {"eval_val_nll" + self.eval_suffix: self.evaluate(params)}
+    if self.mixture:  # each source's val split, and their weighted mean as eval_val_nll
+      out = self.mixture.evaluate(lambda b: nll.summed_nll(self._eval_step, params, b, self.mesh), self.eval_suffix)
+    else:
+      out = {"eval_val_nll" + self.eval_suffix: self.evaluate(params)}
     with self.program.mesh_context():
       out.update(evaluators.run_all(self.evaluators, params))
     return out
@@ -249,6 +257,8 @@ class Trainer:
             record = {k: float(v) for k, v in m.items() if k != "nonfinite"}
             record.update(perf, tokens=step * self.tokens_per_step, nonfinite=int(m["nonfinite"]),
                           nonfinite_total=nonfinite_total)
+            if self.mixture:
+              record.update(self.mixture.train_iter.take_shares())
             writer.write(step, record)
             bar.update(step, {"loss": last_loss, "tok/s": round(perf["tokens_per_sec"])})
             run_length = int(jax.device_get(state.nonfinite_run))
