@@ -113,8 +113,9 @@ class NslLM(TemplateLM):
   def _scorer(self):
     """`nsl.evals.zeroshot.make_scorer`'s jitted forward (log p and greedy of each next token),
     built on first use; on a mesh the batch grows to a multiple of its data-parallel devices."""
+    from nsl.evals.nll import mesh_of
+
     if self._score is None:
-      from nsl.evals.nll import mesh_of
       from nsl.evals.zeroshot import make_scorer
 
       self._score = make_scorer(self.family, self.config)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -164,6 +165,10 @@ def evaluate(model, task_configs: list[dict], limit: int | None = None) -> dict:
   logger, hint = logging.getLogger("lm_eval"), _NoCustomDatasetHint()
   level, logger.level = logger.level, logging.WARNING
   logging.getLogger("lm_eval.api.task").addFilter(hint)
+  # the harness bootstraps perplexity's stderr in a forked process pool unless told not to: a
+  # fork of a process running JAX's threads (the trainer's) can deadlock
+  multiproc = os.environ.get("DISABLE_MULTIPROC")
+  os.environ["DISABLE_MULTIPROC"] = "1"
   try:
     tasks = TaskManager(include_defaults=False).load(task_configs)
     # stderr of a mean is closed-form; the 100 bootstrap draws are for perplexity's
@@ -172,6 +177,10 @@ def evaluate(model, task_configs: list[dict], limit: int | None = None) -> dict:
   finally:
     logger.level = level
     logging.getLogger("lm_eval.api.task").removeFilter(hint)
+    if multiproc is None:
+      del os.environ["DISABLE_MULTIPROC"]
+    else:
+      os.environ["DISABLE_MULTIPROC"] = multiproc
 
 
 def _finite(x):
