@@ -27,7 +27,8 @@ GROUPS = (
                     "nsl.evals.planning", "nsl.evals.planning_study", "nsl.evals.gradflow", "nsl.evals.persistent_window")),
     ("Generation and Hugging Face", ("nsl.generate", "nsl.hf")),
     ("Scaling laws", ("nsl.scaling.grid", "nsl.scaling.fit", "nsl.scaling.plot", "nsl.scaling.study")),
-    ("Benchmarks", ("nsl.bench.train_step", "nsl.bench.attention", "nsl.bench.decode")),
+    ("Benchmarks", ("nsl.bench.train_step", "nsl.bench.attention", "nsl.bench.decode", "nsl.bench.prepare",
+                    "nsl.bench.pipeline")),
     ("Internal", ("nsl.kernels.cpu_build", "nsl.scaling.backends")),
 )
 SUBCOMMANDS = {"nsl.scaling.grid": ("list", "run", "status"), "nsl.models.teacher": ("precompute",),
