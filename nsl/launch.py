@@ -165,6 +165,9 @@ def _main(args, overrides, early_sigterm: list) -> int:
   import jax
   nsl_config.validate(config, jax.device_count(), jax.process_count())  # before anything is written
   nsl_config.check_fits_memory(config, jax.local_devices())
+  if storage.is_remote(str(config.data.get("path") or "")):
+    from nsl.data import datadir  # a missing bucket or object is reported before the workdir is touched
+    datadir.fetch(str(config.data.path))
   if jax.process_index() == 0:
     check_workdir(args.workdir)
   from nsl.train import loop

@@ -7,21 +7,20 @@ the registry and restores the parameters of the latest complete Orbax checkpoint
 
 from __future__ import annotations
 
-import json
-import os
 
 import jax
 import ml_collections
 
+from nsl import storage
 from nsl.errors import NslError
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  path = os.path.join(workdir, "config.json")
-  if not os.path.isfile(path):
+  storage.check_bucket(workdir, "--workdir")
+  path = storage.join(workdir, "config.json")
+  if not storage.isfile(path):
     raise NslError(f"--workdir={workdir!r}: no config.json (is it a run directory written by nsl.launch?)")
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+  return ml_collections.ConfigDict(storage.read_json(path, "the run's config"))
 
 
 def abstract_train_state(config, family):
@@ -52,8 +51,8 @@ def checkpoint_step(workdir: str) -> int | None:
   """The step of the latest complete checkpoint (the one `load_run` restores)."""
   import orbax.checkpoint as ocp
 
-  directory = os.path.join(os.path.abspath(workdir), "checkpoints")
-  if not os.path.isdir(directory):
+  directory = storage.join(storage.resolve(workdir), "checkpoints")
+  if not storage.isdir(directory):
     return None
   manager = ocp.CheckpointManager(directory)
   try:

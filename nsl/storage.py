@@ -97,29 +97,30 @@ def _fs(path: str):
 
 
 def _fresh(path: str):
-  """epath.Path of `path` with gcsfs's listing cache dropped: another process (a trainer, Orbax's
+  """The filesystem of `path` with its listing cache dropped: another process (a trainer, Orbax's
   commit thread) may have written there since this one last looked."""
-  _fs(path).invalidate_cache()
-  return Path(path)
+  fs = _fs(path)
+  fs.invalidate_cache()
+  return fs
 
 
 def exists(path: str) -> bool:
-  return _fresh(path).exists() if is_remote(path) else os.path.exists(path)
+  return _fresh(path).exists(path) if is_remote(path) else os.path.exists(path)
 
 
 def isdir(path: str) -> bool:
   """For object storage: some object lies under `path/` (a prefix is a directory)."""
-  return _fresh(path).is_dir() if is_remote(path) else os.path.isdir(path)
+  return _fresh(path).isdir(path) if is_remote(path) else os.path.isdir(path)
 
 
 def isfile(path: str) -> bool:
-  return _fresh(path).is_file() if is_remote(path) else os.path.isfile(path)
+  return _fresh(path).isfile(path) if is_remote(path) else os.path.isfile(path)
 
 
 def listdir(path: str) -> list[str]:
   if is_remote(path):
-    p = _fresh(path)
-    return sorted(c.name for c in p.iterdir()) if p.is_dir() else []
+    fs = _fresh(path)
+    return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)) if fs.isdir(path) else []
   return sorted(os.listdir(path))
 
 
@@ -209,7 +210,7 @@ def check_bucket(path: str, flag: str) -> None:
     found = Path(bucket).exists()
   except ImportError as e:
     raise ConfigError(f"{flag}={path}: reading {scheme(path)}:// needs the package {e.name!r} "
-                      f"(pip install gcsfs)") from None
+                      f"(pip install 'nsl[gcs]')") from None
   except Exception as e:  # connection refused, DNS, credentials: the client's own words
     raise ConfigError(f"{flag}={path}: cannot reach {bucket} ({type(e).__name__}: {_short(e)}); check the "
                       "credentials and network (or STORAGE_EMULATOR_HOST for an emulator)") from None

@@ -1,0 +1,155 @@
+"""Runs and data in a GCS bucket (docs/guide/storage.md), against fake-gcs-server on 127.0.0.1
+(tests/storage/emulator.py): one emulator for the module, pointed at by STORAGE_EMULATOR_HOST
+alone, as a user would. The trainer runs as the CLI in subprocesses, SIGKILLed during an
+asynchronous save in the bucket, and must end in the bits of an uninterrupted local run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from nsl import checkpoint, launch, procs, storage
+from nsl.errors import NslError
+from tests.helpers import ROOT, SUBPROCESS_XLA_FLAGS, make_corpus
+from tests.storage.emulator import Emulator
+from tests.train import bitwise
+
+OVERRIDES = {"train.steps": 6, "checkpoint.every": 2, "checkpoint.async_save": True, "train.eval_every": 3}
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory):
+  """The emulator with a bucket `bucket`; this process's environment points at it meanwhile."""
+  saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
+                                          "GOOGLE_AUTH_TOKEN_FOR_TESTING", "NSL_CACHE_DIR")}
+  with Emulator() as emu:
+    emu.make_bucket("bucket")
+    os.environ.update(emu.env(), NSL_CACHE_DIR=str(tmp_path_factory.mktemp("cache")))
+    for k in ("TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING"):
+      os.environ.pop(k, None)
+    storage.configure()
+    try:
+      yield emu
+    finally:
+      for k, v in saved.items():
+        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+@pytest.fixture(scope="module")
+def data(gcs, tmp_path_factory):
+  """(local data dir, its copy in the bucket)."""
+  local = make_corpus(str(tmp_path_factory.mktemp("corpus")), n=4, chars=3000)
+  for name in os.listdir(local):
+    storage.upload(os.path.join(local, name), f"gs://bucket/data/{name}")
+  return local, "gs://bucket/data"
+
+
+def _cfg(tmp_path, data_dir, name="cfg.py"):
+  cfg = tmp_path / name
+  cfg.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom tests.train.bitwise import kernel_config\n"
+                 f"def get_config():\n  return kernel_config({data_dir!r}, **{OVERRIDES!r})\n")
+  return str(cfg)
+
+
+def _launch(cfg, workdir):
+  return subprocess.Popen([sys.executable, "-m", "nsl.launch", f"--config={cfg}", f"--workdir={workdir}", "--quiet"],
+                          cwd=ROOT, env=dict(os.environ, XLA_FLAGS=SUBPROCESS_XLA_FLAGS),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _unfinished_save(directory):
+  """A step Orbax is writing in the bucket: its directory without commit_success.txt."""
+  try:
+    names = storage.listdir(directory)
+  except OSError:
+    return False
+  return any(n.isdigit() and not storage.isfile(f"{directory}/{n}/{checkpoint.COMMIT_FILE}") for n in names)
+
+
+def _records(workdir, name):
+  return [json.loads(line) for line in storage.read_text(f"{workdir}/{name}").splitlines()] if name.endswith("l") \
+      else json.loads(storage.read_text(f"{workdir}/{name}"))
+
+
+def test_gs_run_killed_during_an_async_save_resumes_to_the_bits_of_a_local_run(gcs, data, tmp_path):
+  local_data, gs_data = data
+  reference = tmp_path / "reference"  # trained meanwhile: the two overlap their start-up
+  ref = _launch(_cfg(tmp_path, local_data, "local.py"), reference)
+  cfg, run = _cfg(tmp_path, gs_data), "gs://bucket/runs/killed"
+  proc = _launch(cfg, run)
+  deadline = time.time() + 300
+  while not _unfinished_save(f"{run}/checkpoints"):
+    assert proc.poll() is None, f"the run ended before a save was seen: {proc.stdout.read().decode()[-3000:]}"
+    assert time.time() < deadline, "no asynchronous save within 300 s"
+    time.sleep(0.01)
+  os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait()
+  assert storage.isfile(f"{run}/.nsl.lock")  # left by the killed trainer: stale, taken over below
+
+  proc = _launch(cfg, run)
+  out = proc.communicate(timeout=600)[0].decode()
+  assert proc.returncode == 0, out[-3000:]
+  assert ref.wait(timeout=600) == 0, ref.stdout.read().decode()[-3000:]
+  assert "warning" not in out, out  # a cut-short save is not damage
+  result = _records(run, "result.json")
+  assert result["status"] == "done" and result["state_sha256"] == bitwise.result(reference)["state_sha256"]
+  strip = lambda rows: [{k: v for k, v in r.items() if k not in bitwise.TIMING} for r in rows]
+  assert strip(_records(run, "metrics.jsonl")) == bitwise.metrics(reference)
+  names = storage.listdir(run)
+  assert {"checkpoints", "config.json", "metrics.jsonl", "result.json", "tb"} <= set(names), names
+  assert ".nsl.lock" not in names
+  assert json.loads(storage.read_text(f"{run}/config.json"))["data"]["path"] == gs_data
+  # The data was read from the bucket: the run's copy of it is in the cache, shard for shard.
+  cached = storage.cache_dir("data", gs_data)
+  assert sorted(os.listdir(cached)) == sorted(os.listdir(local_data))
+
+
+def test_lock_in_a_bucket_refuses_a_live_holder_and_takes_over_a_dead_ones(gcs):
+  workdir = "gs://bucket/runs/locked"
+  holder = {"pid": os.getppid(), "host": os.uname().nodename, "start": procs.proc_start(os.getppid())}
+  storage.write_text(f"{workdir}/.nsl.lock", json.dumps(holder))
+  with pytest.raises(NslError, match=f"in use by another trainer \\(pid {os.getppid()}"):
+    checkpoint.WorkdirLock.acquire(workdir)
+  storage.write_text(f"{workdir}/.nsl.lock", json.dumps(dict(holder, pid=2 ** 22 + 17, start=1)))
+  lock = checkpoint.WorkdirLock.acquire(workdir)
+  assert json.loads(storage.read_text(f"{workdir}/.nsl.lock"))["pid"] == os.getpid()
+  assert not storage.create_exclusive(f"{workdir}/.nsl.lock", "{}")  # GCS's create-only write
+  lock.release()
+  assert not storage.exists(f"{workdir}/.nsl.lock")
+
+
+def _errors(capsys):
+  return [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+
+
+@pytest.mark.parametrize("case", ["missing bucket", "foreign workdir", "missing data", "missing shard"])
+def test_bad_bucket_input_is_one_line_and_writes_nothing(gcs, data, tmp_path, capsys, case):
+  local_data, gs_data = data
+  workdir, data_dir = "gs://bucket/runs/bad", gs_data
+  if case == "missing bucket":
+    workdir = "gs://no-such-bucket/run"
+  elif case == "foreign workdir":
+    workdir = "gs://bucket/theirs"
+    storage.write_text(f"{workdir}/notes.txt", "not a run")
+  elif case == "missing data":
+    data_dir = "gs://bucket/no-data"
+  else:
+    data_dir = "gs://bucket/broken-data"
+    for name in os.listdir(local_data):
+      if not name.startswith("val_"):
+        storage.upload(os.path.join(local_data, name), f"{data_dir}/{name}")
+  before = storage.listdir("gs://bucket/runs/bad") + storage.listdir("gs://bucket/theirs")
+  capsys.readouterr()
+  assert launch.main([f"--config={_cfg(tmp_path, data_dir)}", f"--workdir={workdir}", "--quiet"]) == 2
+  errors = _errors(capsys)
+  assert len(errors) == 1 and errors[0].startswith("nsl: error"), errors
+  expect = {"missing bucket": "bucket gs://no-such-bucket does not exist",
+            "foreign workdir": "holds objects nsl did not write (notes.txt)",
+            "missing data": "data dir gs://bucket/no-data does not exist",
+            "missing shard": "lists val_00000.bin, which is not there"}[case]
+  assert expect in errors[0], errors
+  assert storage.listdir("gs://bucket/runs/bad") + storage.listdir("gs://bucket/theirs") == before
