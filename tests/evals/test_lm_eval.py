@@ -11,27 +11,16 @@ import numpy as np
 import pytest
 
 from nsl.evals import common, lm_eval_model, lm_eval as lm_eval_cli, zeroshot
-from tests.helpers import make_corpus, run_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join("tests", "evals", "data")  # the YAML's data_files are relative to the repository root
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-  """A tiny standard run trained 4 steps by the launcher on the byte corpus (seq_len 64), loaded
-  as lm-eval's model on the tests' 8 fake devices."""
-  d = tmp_path_factory.mktemp("lmeval")
-  data = make_corpus(str(d))
-  workdir = str(d / "run")
-  overrides = {"data.path": data, "data.sources": (str(d / "text" / "*.txt"),), "data.tokenizer": "byte",
-               "data.val_fraction": 0.2, "model.vocab_size": 257, "model.d_model": 32, "model.n_layers": 2,
-               "model.n_heads": 2, "model.d_ff": 96, "model.attention_chunk": 16, "data.seq_len": 64,
-               "train.batch_size": 8, "train.steps": 4, "train.warmup_steps": 1, "train.decay_steps": 1,
-               "train.eval_batches": 3, "checkpoint.async_save": False}
-  out = run_cli("-m", "nsl.launch", "--config=configs/base.py", f"--workdir={workdir}", "--quiet",
-                *(f"--config.{k}={v}" for k, v in overrides.items()))
-  assert out.returncode == 0, out.stderr[-2000:]
+def run(tiny_byte_run):
+  """The tiny trained run of tests/evals/conftest.py (standard family, byte tokens, seq_len 64)
+  as lm-eval's model, on the tests' 8 fake devices."""
+  workdir = tiny_byte_run[0]
   return workdir, lm_eval_model.NslLM(run=workdir, batch_size=4)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from nsl.data import prepare, tokenizers
 from nsl.evals import nll, zeroshot
-from tests.helpers import make_corpus, run_cli, tiny_config
+from tests.helpers import run_cli
 
 ARC = [
     {"question": "Which word is common?", "choices": {"text": ["the", "zqxj"], "label": ["A", "B"]}, "answerKey": "A"},
@@ -23,22 +23,9 @@ ARC = [
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-  """A tiny run trained by the launcher (one device: faster to compile and save than in-process
-  with the tests' 8 fake devices); the evals below then run on those 8 devices."""
-  d = tmp_path_factory.mktemp("nll")
-  data = make_corpus(str(d))
-  workdir = str(d / "run")
-  config = tiny_config(data, **{"train.eval_batches": 3})
-  overrides = {"data.path": data, "data.sources": tuple(config.data.sources), "data.tokenizer": "byte",
-               "data.val_fraction": 0.2, "model.vocab_size": 257, "model.d_model": 32, "model.n_layers": 2,
-               "model.n_heads": 2, "model.d_ff": 96, "model.attention_chunk": 16, "data.seq_len": 64,
-               "train.batch_size": 8, "train.steps": 4, "train.warmup_steps": 1, "train.decay_steps": 1,
-               "train.eval_batches": 3, "checkpoint.async_save": False}
-  out = run_cli("-m", "nsl.launch", "--config=configs/base.py", f"--workdir={workdir}", "--quiet",
-                *(f"--config.{k}={v}" for k, v in overrides.items()))
-  assert out.returncode == 0, out.stderr[-2000:]
-  return workdir, data, config
+def run(tiny_byte_run):
+  """(workdir, data, config) of the tiny trained run in tests/evals/conftest.py."""
+  return tiny_byte_run
 
 
 def _result(workdir):
