@@ -58,3 +58,15 @@ def grid_runs(root: str) -> list[tuple[str, str, str]]:
   if not out:
     raise NslError(f"--root={root}: no done grid cells there (python -m nsl.scaling.grid status --root={root})")
   return out
+
+
+def write_result(result: dict, out: str, plot) -> dict:
+  """An analysis's record: `plot(result, path)` draws OUT's stem + .png, whose path goes into
+  `result["plot"]`, then the result is written to `out` as JSON."""
+  import json
+
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  result["plot"] = plot(result, os.path.splitext(out)[0] + ".png")
+  with open(out, "w") as f:
+    json.dump(result, f, indent=1)
+  return result

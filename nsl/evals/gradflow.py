@@ -209,10 +209,9 @@ def main(argv=None) -> int:
     raise NslError("--rows must be >= 1 and --max_offset >= 0")
   result = run(args.workdir, args.rows, args.max_offset, args.attention_impl)
   out = args.out or os.path.join(args.workdir, "gradflow.json")
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  result["plot"] = plot(result, os.path.splitext(out)[0] + ".png")
-  with open(out, "w") as f:
-    json.dump(result, f, indent=1)
+  from nsl.evals import common
+
+  common.write_result(result, out, plot)
   summary = {name: {k: s["ratio_geomean"][k] for k in (1, 4, 16) if k < len(s["ratio_geomean"])}
              for name, s in result["streams"].items()}
   print(json.dumps({"out": out, "plot": result["plot"], "ratio_geomean_at_k": summary}))

@@ -127,10 +127,9 @@ def main(argv=None) -> int:
     raise NslError("--omega must be >= 0, --docs and --batch_size >= 1")
   result = run(args.workdir, args.omega, args.docs, args.batch_size)
   out = args.out or os.path.join(args.workdir, "persistent_window.json")
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  result["plot"] = plot(result, os.path.splitext(out)[0] + ".png")
-  with open(out, "w") as f:
-    json.dump(result, f, indent=1)
+  from nsl.evals import common
+
+  common.write_result(result, out, plot)
   print(json.dumps({k: result[k] for k in ("out", "docs", "omega", "base_nll", "probe_nll",
                                            "delta_mean_beyond_omega") if k in result} | {"out": out}))
   return 0
