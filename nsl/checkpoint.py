@@ -9,8 +9,10 @@ written per process by Grain's own checkpoint handler.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import socket
 import time
@@ -191,7 +193,8 @@ def restore_params(path: str, abstract_state, flag: str = "--restore_from"):
   storage.check_bucket(path, flag)
   if not storage.isdir(directory):
     raise NslError(f"{flag}={path!r}: no checkpoints directory at {directory}")
-  manager = ocp.CheckpointManager(storage.resolve(directory), options=ocp.CheckpointManagerOptions(read_only=True))
+  with quiet_orbax():
+    manager = ocp.CheckpointManager(storage.resolve(directory), options=ocp.CheckpointManagerOptions(read_only=True))
   try:
     steps = sorted(manager.all_steps(), reverse=True)
     if not steps:
@@ -203,7 +206,9 @@ def restore_params(path: str, abstract_state, flag: str = "--restore_from"):
         return restored["state"].params, step
       except Exception as e:
         reason = f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
-        if _is_shape_mismatch(e):
+        # Without its _METADATA Orbax reads a step's tree as a different structure: damage, not
+        # another architecture.
+        if _is_shape_mismatch(e) and storage.isfile(storage.join(directory, str(step), "state", "_METADATA")):
           mismatch = mismatch or (step, reason)
         else:
           warn(f"{flag}: checkpoint {storage.join(directory, str(step))} is damaged ({reason}); trying an older one")
@@ -213,6 +218,19 @@ def restore_params(path: str, abstract_state, flag: str = "--restore_from"):
     raise NslError(f"{flag}={path!r}: every checkpoint in {directory} is damaged (steps {sorted(steps)})")
   finally:
     manager.close()
+
+
+@contextlib.contextmanager
+def quiet_orbax():
+  """Orbax's absl warnings off: a read-only manager announces three option adjustments that say
+  nothing to a user, and would print before an evaluation's one error line."""
+  logger = logging.getLogger("absl")
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
 
 
 def state_digest(state) -> str:

@@ -51,10 +51,13 @@ def checkpoint_step(workdir: str) -> int | None:
   """The step of the latest complete checkpoint (the one `load_run` restores)."""
   import orbax.checkpoint as ocp
 
+  from nsl import checkpoint
+
   directory = storage.join(storage.resolve(workdir), "checkpoints")
   if not storage.isdir(directory):
     return None
-  manager = ocp.CheckpointManager(directory)
+  with checkpoint.quiet_orbax():
+    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
   try:
     return manager.latest_step()
   finally:

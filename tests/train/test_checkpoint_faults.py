@@ -1,0 +1,58 @@
+"""Checkpoint faults stay quiet and right (issue #39): what tests/train/test_recovery.py leaves out —
+an evaluation's error is its only line (no Orbax absl warnings before it), a step without its
+tree metadata is damage and not "another architecture", and a resume under another family says
+that the family changed."""
+
+import logging
+import os
+import shutil
+
+import pytest
+
+from nsl import launch
+from nsl.evals import nll
+from nsl.train import loop
+from tests.helpers import ROOT, make_corpus, tiny_config
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+  """A finished 6-step run of the tiny standard model with checkpoints at steps 3 and 6."""
+  data_dir = make_corpus(str(tmp_path_factory.mktemp("corpus")), n=4, chars=3000)
+  workdir = str(tmp_path_factory.mktemp("runs") / "base")
+  import jax
+  loop.Trainer(tiny_config(data_dir), workdir, progress=False, devices=jax.devices()[:1]).run()
+  return data_dir, workdir
+
+
+def _copy(workdir, tmp_path):
+  dst = str(tmp_path / "run")
+  shutil.copytree(workdir, dst)
+  return dst
+
+
+def test_eval_of_steps_without_tree_metadata_is_one_line_naming_damage(finished, tmp_path, capfd, caplog):
+  workdir = _copy(finished[1], tmp_path)
+  for step in ("3", "6"):
+    os.remove(os.path.join(workdir, "checkpoints", step, "state", "_METADATA"))
+  capfd.readouterr()
+  assert nll.main([f"--workdir={workdir}"]) == 2
+  lines = [l for l in capfd.readouterr().err.splitlines() if l.strip()]
+  # Orbax's read-only manager notices (pytest takes log records away from stderr: read both)
+  assert not [l for l in lines if "absl" in l], lines
+  assert not [r.getMessage() for r in caplog.records if r.name == "absl" and r.levelno >= logging.WARNING]
+  errors = [l for l in lines if l.startswith("nsl: error")]
+  assert len(errors) == 1 and "every checkpoint" in errors[0] and "is damaged" in errors[0], lines
+  assert lines[-1] == errors[0] and all(l.startswith("nsl: warning") for l in lines[:-1]), lines
+
+
+def test_resume_under_another_family_says_the_family_changed(finished, tmp_path, capsys):
+  data_dir, base = finished
+  workdir = _copy(base, tmp_path)
+  cfg = tmp_path / "sps.py"
+  cfg.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom tests.helpers import tiny_config\n"
+                 f"def get_config():\n  c = tiny_config({data_dir!r})\n  c.family = 'sps'\n  return c\n")
+  assert launch.main([f"--config={cfg}", f"--workdir={workdir}", "--quiet"]) == 2
+  errors = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+  assert len(errors) == 1 and "config.family='sps' differs from the checkpoint" in errors[0], errors
+  assert "('standard')" in errors[0], errors
