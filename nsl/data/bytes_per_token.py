@@ -6,7 +6,8 @@ split as the evaluation scores it: each document's tokens are decoded back to te
 dir's own tokenizer and counted as UTF-8 bytes, over the number of scored targets (every token of a
 document and its EOS, less the document's first token, which is only context). The first
 `MAX_TOKENS` tokens of the split are read; the result is cached beside the manifest
-(`val_bytes_per_token.json`) on first use, or recomputed each time when the dir is read-only.
+(`val_bytes_per_token.json`, `<split>_bytes_per_token.json` for another split) on first use, or
+recomputed each time when the dir is read-only.
 Data dirs of labelled tasks (no text tokenizer) have no bytes: None.
 """
 
@@ -28,12 +29,12 @@ CACHE = "val_bytes_per_token.json"
 MAX_TOKENS = 2_000_000
 
 
-def _measure(data_dir: str, manifest: dict, max_tokens: int) -> dict | None:
+def _measure(data_dir: str, manifest: dict, max_tokens: int, split_name: str = "val") -> dict | None:
   spec = manifest.get("tokenizer")
-  if not isinstance(spec, dict) or spec.get("name") not in tok_lib.NAMES or "val" not in manifest["splits"]:
+  if not isinstance(spec, dict) or spec.get("name") not in tok_lib.NAMES or split_name not in manifest["splits"]:
     return None
   tok = tok_lib.load_tokenizer(spec, data_dir)
-  split = SplitTokens(data_dir, manifest, "val")
+  split = SplitTokens(data_dir, manifest, split_name)
   ids = split.read(0, min(split.num_tokens, max_tokens))
   eos = int(manifest["eos_id"])
   ends = np.flatnonzero(ids == eos)
@@ -51,29 +52,40 @@ def _measure(data_dir: str, manifest: dict, max_tokens: int) -> dict | None:
           "bytes_per_token": n_bytes / n_targets, "tokenizer": spec.get("name")}
 
 
-def val_bytes_per_token(data_dir: str, max_tokens: int = MAX_TOKENS) -> float | None:
-  """UTF-8 bytes per scored validation token of `data_dir` (module docstring); None when the dir
-  has no text tokenizer. Cached in DATA_DIR/val_bytes_per_token.json."""
-  path = os.path.join(data_dir, CACHE)
+def cache_file(split: str) -> str:
+  return CACHE if split == "val" else f"{split}_bytes_per_token.json"
+
+
+def measure(data_dir: str, split: str = "val", max_tokens: int = MAX_TOKENS) -> dict | None:
+  """{bytes, targets, tokens_read, bytes_per_token, tokenizer} of `split` (module docstring), None
+  when the dir has no text tokenizer or no such split. Cached beside the manifest (`cache_file`)."""
+  path = os.path.join(data_dir, cache_file(split))
   manifest = load_manifest(data_dir)
-  stamp = {"splits_val": manifest["splits"].get("val"), "max_tokens": max_tokens}
+  stamp = {f"splits_{split}": manifest["splits"].get(split), "max_tokens": max_tokens}
   try:
     with open(path, encoding="utf-8") as f:
       cached = json.load(f)
     if cached.get("stamp") == json.loads(json.dumps(stamp)):
-      return cached["measure"]["bytes_per_token"] if cached["measure"] else None
+      return cached["measure"]
   except (OSError, ValueError, KeyError, TypeError, AttributeError):
     pass
-  measure = _measure(data_dir, manifest, max_tokens)
+  result = _measure(data_dir, manifest, max_tokens, split)
   tmp = f"{path}.{os.getpid()}.tmp"
   try:
     with open(tmp, "w", encoding="utf-8") as f:
-      json.dump({"stamp": stamp, "measure": measure}, f)
+      json.dump({"stamp": stamp, "measure": result}, f)
     os.replace(tmp, path)
   except OSError:  # a read-only data dir: measured again next time
     with contextlib.suppress(OSError):
       os.remove(tmp)
-  return measure["bytes_per_token"] if measure else None
+  return result
+
+
+def val_bytes_per_token(data_dir: str, max_tokens: int = MAX_TOKENS) -> float | None:
+  """UTF-8 bytes per scored validation token of `data_dir` (module docstring); None when the dir
+  has no text tokenizer. Cached in DATA_DIR/val_bytes_per_token.json."""
+  result = measure(data_dir, "val", max_tokens)
+  return result["bytes_per_token"] if result else None
 
 
 def bits_per_byte(nats_per_token: float, bytes_per_token: float) -> float:
@@ -81,14 +93,31 @@ def bits_per_byte(nats_per_token: float, bytes_per_token: float) -> float:
 
 
 def record_fields(data_dir: str, evals: dict) -> dict:
-  """The result.json fields for bits per byte: `val_bytes_per_token` and `eval_bits_per_byte`
-  (the eval dict's splits in bits per byte); {} when the data has no bytes or cannot be read."""
+  """The result.json fields for bits per byte: `val_bytes_per_token`, `eval_bits_per_byte` (the
+  eval dict's splits in bits per byte) and `val_byte_counts` (the UTF-8 bytes and scored targets
+  of the measured text); {} when the data has no bytes or cannot be read."""
   try:
-    bpt = val_bytes_per_token(data_dir)
+    counts = measure(data_dir, "val")
   except (DataError, OSError, ValueError, KeyError):
     return {}
-  if not bpt:
+  if not counts or not counts.get("bytes_per_token"):
     return {}
+  bpt = counts["bytes_per_token"]
   return {"val_bytes_per_token": bpt,
+          "val_byte_counts": {k: counts[k] for k in ("bytes", "targets", "tokens_read")},
           "eval_bits_per_byte": {k: bits_per_byte(v, bpt) for k, v in evals.items()
                                  if isinstance(v, (int, float)) and math.isfinite(v)}}
+
+
+def eval_fields(data_dir: str, split: str, nats_per_token: float) -> dict:
+  """An evaluation's bits-per-byte details (`nsl.evals.nll`'s eval_details): {bits_per_byte,
+  bytes_per_token, bytes, byte_targets} of `split` (bytes and scored targets of the measured
+  text, the split's first MAX_TOKENS tokens); {} when the data has no bytes or cannot be read."""
+  try:
+    counts = measure(data_dir, split)
+  except (DataError, OSError, ValueError, KeyError):
+    return {}
+  if not counts or not counts.get("bytes_per_token") or not math.isfinite(nats_per_token):
+    return {}
+  return {"bits_per_byte": bits_per_byte(nats_per_token, counts["bytes_per_token"]),
+          "bytes_per_token": counts["bytes_per_token"], "bytes": counts["bytes"], "byte_targets": counts["targets"]}

@@ -15,7 +15,10 @@ windows of seq_len + 1 tokens, no shuffle, default batch = train.batch_size / gr
 NLL is summed over the weighted targets of the family's own loss and divided by their count, so
 `--max_batches=<train.eval_batches>` reproduces the trainer's final eval. Default: the whole split.
 Results merge into RUN/result.json (`eval`, and `eval_details` with what was measured how),
-written atomically, and print as one JSON object.
+written atomically, and print as one JSON object. For text data, each set also gets bits per byte
+(`eval_bits_per_byte[KEY]`, and in `eval_details[KEY]`: bits_per_byte, bytes_per_token and the
+UTF-8 bytes and scored targets they were measured on; `nsl.data.bytes_per_token`), so runs with
+different tokenizers compare.
 
 Runs whose family has a state channel (`Family.feeds`: LIFT; `--feed`, `LiftFamily.token_logits`):
 `own` (default, the paper's metric) feeds
@@ -250,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
   batch_size = args.batch_size or int(config.train.batch_size) // int(config.train.grad_accum)
   if not sets:
     sets = [(args.split, own_dir)]
-  values, details = {}, {}
+  from nsl.data import bytes_per_token
+
+  values, details, bits = {}, {}, {}
   for name, path in sets:
     check_data(config, path, own_dir)
     key = name if (path == own_dir and not args.data) or args.split == "val" else f"{name}_{args.split}"
@@ -262,8 +267,13 @@ def main(argv: list[str] | None = None) -> int:
                     "batches": r["batches"], "batch_size": batch_size, "seq_len": int(config.data.seq_len)}
     if feed is not None:
       details[key]["feed"] = feed
+    details[key].update(bytes_per_token.eval_fields(path, args.split, r["nll"]))
+    if "bits_per_byte" in details[key]:
+      bits[key] = details[key]["bits_per_byte"]
   merge_result(args.workdir, "eval", values, details)
-  print(json.dumps({"eval": values, "eval_details": details}, sort_keys=True))
+  if bits:  # beside the trainer's own eval_bits_per_byte (nsl.data.bytes_per_token.record_fields)
+    merge_result(args.workdir, "eval_bits_per_byte", bits)
+  print(json.dumps({"eval": values, "eval_bits_per_byte": bits, "eval_details": details}, sort_keys=True))
   return 0
 
 

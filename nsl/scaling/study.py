@@ -12,6 +12,11 @@ periodic evaluation, so the gap can be read against tokens:
   A log-linear trend is our reading, not the papers': it says only where the curves would meet
   if the late trend held.
 
+Beside the NLL, each arm's validation bits per byte (mean ± sd, and its paired gap) and the bytes
+per token they were converted with, with the validation bytes counted (result.json's
+`eval_bits_per_byte`, `val_bytes_per_token`, `val_byte_counts`; `nsl.data.bytes_per_token`), so
+arms with different tokenizers compare; "—" for runs recorded before those fields.
+
 Only cells whose status is done are used; the others are counted. Prints a Markdown table;
 `--json` writes the numbers, `--plot` the curves (NLL and gap against tokens, one panel per value
 of `--panel`, seeds as a min–max band around their mean).
@@ -63,8 +68,11 @@ def load_cells(root: str) -> tuple[list[dict], collections.Counter]:
       skipped["no validation NLL"] += 1
       continue
     extra = {k: float(v) for k, v in result["eval"].items() if k != "val" and isinstance(v, (int, float))}
+    bits = (result.get("eval_bits_per_byte") or {}).get("val")  # absent before runs recorded it
     cells.append({"run_id": cell["run_id"], "labels": labels, "seed": seed, "curve": dict(curve),
-                  "final": float(final), "extra": extra, "params": result["params_total"], "tokens": result["tokens"],
+                  "final": float(final), "extra": extra, "bits_per_byte": bits,
+                  "bytes_per_token": result.get("val_bytes_per_token"),
+                  "val_bytes": (result.get("val_byte_counts") or {}).get("bytes"), "params": result["params_total"], "tokens": result["tokens"],
                   "wall_s": result.get("wall_time_sec"), "cpu_s": result.get("cpu_time_sec")})
   return cells, skipped
 
@@ -114,6 +122,9 @@ def summarise(cells: list[dict], baseline: tuple[str, str] | None) -> list[dict]
            "params": runs[0]["params"], "tokens": runs[0]["tokens"],
            "wall_s_mean": statistics.fmean(r["wall_s"] or 0.0 for r in runs),
            "cpu_s_mean": statistics.fmean(r["cpu_s"] or 0.0 for r in runs), "extra": {}}
+    if all(isinstance(r["bits_per_byte"], (int, float)) for r in runs):  # comparable across tokenizers
+      row["bpb_mean"], row["bpb_sd"] = _mean_sd([r["bits_per_byte"] for r in runs])
+      row["bytes_per_token"], row["val_bytes"] = runs[0]["bytes_per_token"], runs[0]["val_bytes"]
     for name in sorted(set.intersection(*(set(r["extra"]) for r in runs))):
       m, spread = _mean_sd([r["extra"][name] for r in runs])
       row["extra"][name] = {"mean": m, "sd": spread}
@@ -129,6 +140,8 @@ def summarise(cells: list[dict], baseline: tuple[str, str] | None) -> list[dict]
         curve = [(t, statistics.fmean(r["curve"][t] - b["curve"][t] for r, b in pairs)) for t in steps]
         row["gap_curve"] = curve
         row["catch"] = crossing(curve)
+        if "bpb_mean" in row and all(isinstance(b["bits_per_byte"], (int, float)) for _, b in pairs):
+          row["bpb_gap_mean"], row["bpb_gap_sd"] = _mean_sd([r["bits_per_byte"] - b["bits_per_byte"] for r, b in pairs])
         for name in row["extra"]:
           diffs = [r["extra"][name] - b["extra"][name] for r, b in pairs if name in b["extra"]]
           if len(diffs) == len(pairs):
@@ -160,12 +173,26 @@ def _extra_text(row: dict, name: str) -> str:
   return f"{e['mean']:.3f} ± {e['sd']:.3f}{gap}"
 
 
+def _bpb_text(row: dict) -> str:
+  if "bpb_mean" not in row:
+    return "—"
+  gap = f" ({row['bpb_gap_mean']:+.4f} ± {row['bpb_gap_sd']:.4f})" if "bpb_gap_mean" in row else ""
+  return f"{row['bpb_mean']:.4f} ± {row['bpb_sd']:.4f}{gap}"
+
+
+def _bytes_text(row: dict) -> str:
+  if not row.get("bytes_per_token"):
+    return "—"
+  counted = f" ({row['val_bytes']:,})" if row.get("val_bytes") else ""
+  return f"{row['bytes_per_token']:.3f}{counted}"
+
+
 def markdown(rows: list[dict], axes: list[str]) -> str:
   """One line per arm; other evaluation sets (`nsl.evals.nll --data=NAME=DIR` merges them into
   result.json) get a column each where every seed of the arm has them."""
   extras = sorted({name for r in rows for name in r["extra"]})
   head = [*axes, "params", "seeds", "val NLL (mean ± sd)", "Δ vs baseline (paired)", "Δ first → last eval",
-          "catches baseline", *(f"{name} NLL (Δ)" for name in extras)]
+          "catches baseline", "val bits/byte (Δ)", "bytes/token (val bytes)", *(f"{name} NLL (Δ)" for name in extras)]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for r in rows:
     gap = f"{r['gap_mean']:+.3f} ± {r['gap_sd']:.3f}" if "gap_mean" in r else "—"
@@ -173,7 +200,8 @@ def markdown(rows: list[dict], axes: list[str]) -> str:
     cells = [str(r["labels"].get(a, "")) for a in axes]
     lines.append("| " + " | ".join([*cells, f"{r['params'] / 1e3:.0f}k", str(len(r["seeds"])),
                                      f"{r['nll_mean']:.3f} ± {r['nll_sd']:.3f}", gap, span,
-                                     _catch_text(r.get("catch")), *(_extra_text(r, n) for n in extras)]) + " |")
+                                     _catch_text(r.get("catch")), _bpb_text(r), _bytes_text(r),
+                                     *(_extra_text(r, n) for n in extras)]) + " |")
   return "\n".join(lines)
 
 

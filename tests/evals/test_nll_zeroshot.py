@@ -1,6 +1,7 @@
 """nsl.evals.nll and nsl.evals.zeroshot on a tiny trained run."""
 
 import json
+import math
 import os
 import shutil
 
@@ -39,6 +40,13 @@ def test_nll_matches_the_trainers_final_eval_and_scores_other_sets(run, tmp_path
   assert nll.main([f"--workdir={workdir}", f"--max_batches={config.train.eval_batches}"]) == 0
   printed = json.loads(capsys.readouterr().out)
   assert abs(printed["eval"]["val"] - trainer_val) < 1e-5
+  # bits per byte beside nats per token, with the bytes and targets it was measured on
+  d = printed["eval_details"]["val"]
+  assert d["bytes"] > 0 and d["bytes_per_token"] == d["bytes"] / d["byte_targets"]
+  assert printed["eval_bits_per_byte"]["val"] == d["bits_per_byte"] == \
+      pytest.approx(printed["eval"]["val"] / math.log(2) / d["bytes_per_token"])
+  assert _result(workdir)["eval_bits_per_byte"]["val"] == d["bits_per_byte"]
+  assert _result(workdir)["val_byte_counts"]["bytes"] == d["bytes"]  # the trainer's record has them too
   # another prepared set with the same tokenizer: a named key, the whole split by default
   other = str(tmp_path / "ood")
   shutil.copytree(data, other)
