@@ -47,7 +47,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.remat = "none"  # none | full | dots
   # The trunk's identical layers as one nn.scan (compiles one layer body): on for the paper ladder.
   c.model.scan_layers = False
-  c.model.attention_impl = "auto"  # auto | xla | chunked | splash | pallas_gpu
+  # auto, or a name of the kernel registry's attention entries: xla | chunked | splash | cudnn |
+  # pallas_gpu | flash_cpu (nsl.kernels.registry; docs/design.md#kernels).
+  c.model.attention_impl = "auto"
+  # The C++ CPU kernels (attention, the head + loss, a decode step's attention and products) where
+  # the registry picks them; False runs the XLA paths everywhere (same math, other bits).
+  c.model.cpu_kernels = True
   # Attention tile (kernel block) size; 0 = per platform and length (nsl.nn.attention.tile_size).
   c.model.attention_chunk = 0
   # Standard: optional sliding window over keys. SPS: the temporary-key window w. None = unbounded.
@@ -103,7 +108,6 @@ def get_config() -> ml_collections.ConfigDict:
   c.log.wandb_name = ""  # the run's name there; "" = the workdir's basename
   c.log.wandb_entity = ""  # team or user; "" = wandb's default
   c.log.wandb_mode = ""  # online | offline | disabled; "" = wandb's default ($WANDB_MODE, else online)
-
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 250

@@ -1,4 +1,5 @@
-"""Attention kernels (`splash` on TPU, `flash_gpu` and `cudnn` on GPU, `flash_cpu` on CPU) and what they share."""
+"""nsl's kernels (attention: `splash` on TPU, `flash_gpu` and `cudnn` on GPU, `flash_cpu` on CPU;
+the CPU head and decode kernels), the registry that chooses among them (`registry`), and what they share."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ def context_mesh(mesh=None):
     return mesh
   ctx = jax.sharding.get_abstract_mesh()
   return None if ctx.empty else ctx
+
+
+def one_cpu_device() -> bool:
+  """The computation being traced runs on the CPU, on one device: where the C++ kernels, which
+  see whole arrays and are opaque to the partitioner, may run."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return jax.default_backend() == "cpu" and (mesh.empty or mesh.size == 1)
 
 
 def shard_over_mesh(local, mesh, q, k, v, seg):

@@ -4,7 +4,7 @@
   `nsl.nn.kv_cache.KVCache.attend` (resp. `attend_write`, a decode loop's per-layer cache:
   the step's K/V then written in place) runs on a single-device CPU computation with float32
   q/K/V and a head dim that is a multiple of the host's float vector (16 with AVX-512, 8 with
-  AVX2); `kv_cache.attend_parts` otherwise. Same math and contract: one softmax over the cache's
+  AVX2), as the kernel registry's `decode_cpu` entries pick; `kv_cache.attend_parts` otherwise. Same math and contract: one softmax over the cache's
   visible keys and the step's own, out [B, Q, H, Dh] and lse [B, H, Q] (-inf, with out 0, where a
   query sees nothing). No gradient: decoding only.
 - `matmul`: x [M, K] · w [K, N] for M ≤ 32 rows (a decode step's projections, `layers.dense`).
@@ -21,22 +21,21 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from nsl.kernels import cpu_build
+from nsl.kernels import cpu_build, one_cpu_device
 
 # registered by cpu_build
 TARGET, WRITE_TARGET, MATMUL_TARGET = "nsl_decode_cpu", "nsl_decode_cpu_write", "nsl_decode_matmul_cpu"
 MAX_QUERIES = 16  # decode_cpu.cc's kMaxQ
 
 
+def available() -> bool:
+  """Whether the kernel library builds and loads here (the registry's availability check)."""
+  return cpu_build.load() is None
+
+
 def vector_width() -> int | None:
   """The float vector width the head dim must be a multiple of; None when the kernels are unavailable."""
   return cpu_build.constant("NslDecodeCpuVectorWidth")
-
-
-def _one_cpu_device() -> bool:
-  """The computation being traced runs on the CPU, on one device (the kernels see whole arrays)."""
-  mesh = jax.sharding.get_abstract_mesh()
-  return jax.default_backend() == "cpu" and (mesh.empty or mesh.size == 1)
 
 
 def _require() -> None:
@@ -47,7 +46,7 @@ def _require() -> None:
 def supports(q_BQHD, k_BHDS) -> bool:
   """Whether `attend` takes this step: a CPU computation on one device, float32, 1-16 queries, a
   head dim that is a multiple of `vector_width()`."""
-  if not _one_cpu_device():
+  if not one_cpu_device():
     return False
   if q_BQHD.dtype != jnp.float32 or k_BHDS.dtype != jnp.float32 or not 1 <= q_BQHD.shape[1] <= MAX_QUERIES:
     return False
@@ -93,7 +92,7 @@ MAX_ROWS = 32  # decode_cpu.cc's kMaxRows
 def supports_matmul(x_MK, w_KN) -> bool:
   """Whether `matmul` takes x [M, K] · w [K, N]: a CPU computation on one device, float32, at most
   `MAX_ROWS` rows (a decode step's; XLA runs larger products), N a multiple of `vector_width()`."""
-  if not _one_cpu_device() or x_MK.ndim != 2 or w_KN.ndim != 2 or not 1 <= x_MK.shape[0] <= MAX_ROWS:
+  if not one_cpu_device() or x_MK.ndim != 2 or w_KN.ndim != 2 or not 1 <= x_MK.shape[0] <= MAX_ROWS:
     return False
   if x_MK.dtype != jnp.float32 or w_KN.dtype != jnp.float32:
     return False

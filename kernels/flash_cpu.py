@@ -27,7 +27,7 @@ import numpy as np
 
 from nsl.nn import masks
 from nsl.errors import ConfigError
-from nsl.kernels import cpu_build, shard_over_mesh
+from nsl.kernels import context_mesh, cpu_build, shard_over_mesh
 
 TILE = 64  # query and key tile: measured (docs/benchmarks.md#profiles: 64 vs 128 at 1024 causal)
 TARGETS = {"fwd": "nsl_flash_cpu_fwd", "bwd": "nsl_flash_cpu_bwd"}  # registered by cpu_build
@@ -102,9 +102,7 @@ def attend(q, k, v, rule: masks.Rule, q_slots, k_slots, *, block_q: int = TILE, 
                       else jnp.zeros((b, n), jnp.int32))
   q_seg, k_seg = seg(q_slots.segment, q.shape[1]), seg(k_slots.segment, k.shape[1])
   spec = _Spec(rule, q_slots.layout, k_slots.layout, bq, bk, use_seg)
-  if mesh is None:
-    ctx = jax.sharding.get_abstract_mesh()
-    mesh = None if ctx.empty else ctx
+  mesh = context_mesh(mesh)
   local = lambda q, k, v, seg: _flash(spec, q, k, v, *seg)
   if mesh is None:
     return local(q, k, v, (q_seg, k_seg))

@@ -1,9 +1,10 @@
 """The tied head and its cross-entropy on the CPU in one C++ XLA FFI call (`head_cpu.cc`).
 
-`nsl.nn.cross_entropy.head_cross_entropy` runs this on a single-device CPU computation whenever
-d_model and the vocabulary are multiples of the kernel's panel width (16 with AVX2, 64 with
-AVX-512; the GPT-2 vocabulary of 50,304 is both), and its chunked XLA scan otherwise (a mesh of
-several devices included: the call is opaque to the partitioner). Same contract: the weighted mean
+`nsl.nn.cross_entropy.head_cross_entropy` runs this (the kernel registry's `head_cpu` entry) on a
+single-device CPU computation whenever d_model and the vocabulary are multiples of the kernel's
+panel width (16 with AVX2, 64 with AVX-512; the GPT-2 vocabulary of 50,304 is both), and its
+chunked XLA scan otherwise (a mesh of several devices included: the call is opaque to the
+partitioner; `model.cpu_kernels=False` too). Same contract: the weighted mean
 NLL and the weight sum, the gradients of h and E formed in the forward pass (the loss ends the
 graph; the custom VJP only scales them). Math and schedule: `head_cpu.cc`'s docstring.
 
@@ -20,9 +21,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsl.kernels import cpu_build
+from nsl.kernels import cpu_build, one_cpu_device
 
 TARGET = "nsl_head_cpu"  # registered by cpu_build
+
+
+def available() -> bool:
+  """Whether the kernel library builds and loads here (the registry's availability check)."""
+  return cpu_build.load() is None
 
 
 def panel_width() -> int | None:
@@ -33,10 +39,7 @@ def panel_width() -> int | None:
 def supports(h_ND, embedding_VD) -> bool:
   """Whether `cross_entropy` takes this head: a CPU computation on one device, floating inputs,
   d_model and vocabulary multiples of `panel_width()`."""
-  if jax.default_backend() != "cpu":
-    return False
-  mesh = jax.sharding.get_abstract_mesh()
-  if not mesh.empty and mesh.size > 1:
+  if not one_cpu_device():
     return False
   if not (jnp.issubdtype(h_ND.dtype, jnp.floating) and jnp.issubdtype(embedding_VD.dtype, jnp.floating)):
     return False

@@ -254,8 +254,23 @@ def to_dict(config: ml_collections.ConfigDict) -> dict:
 RESUME_MAY_CHANGE = (
     "train.steps", "train.grad_accum", "train.log_every", "train.eval_every", "train.eval_batches",
     "train.max_nonfinite", "checkpoint", "mesh", "data.verify", "data.gpt2_bpe", "model.attention_impl",
-    "model.attention_chunk", "model.remat", "evals", "log", "train.profile_steps",
+    "model.attention_chunk", "model.remat", "model.cpu_kernels", "evals", "log", "train.profile_steps",
 )
+
+
+def _check_kernels(m) -> None:
+  """`model.attention_impl` names an attention entry of the kernel registry (or auto), and a C++
+  CPU kernel is not named while `model.cpu_kernels` switches them off."""
+  from nsl.kernels import registry
+  impls = ("auto",) + registry.names("attention")
+  if m.attention_impl not in impls:
+    raise ConfigError(f"config.model.attention_impl={m.attention_impl!r} must be one of {impls}")
+  cpu_kernels = m.get("cpu_kernels", True)
+  if not isinstance(cpu_kernels, bool):
+    raise ConfigError(f"config.model.cpu_kernels={cpu_kernels!r} must be True or False")
+  if not cpu_kernels and m.attention_impl != "auto" and registry.get("attention", m.attention_impl).cpu_kernel:
+    raise ConfigError(f"config.model.attention_impl={m.attention_impl!r} is a C++ CPU kernel, which "
+                      "config.model.cpu_kernels=False switches off; use auto or chunked, or turn them on")
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -454,9 +469,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None, 
     raise ConfigError(f"config.model.dtype={m.dtype!r} must be one of {DTYPES}")
   if m.remat not in REMAT:
     raise ConfigError(f"config.model.remat={m.remat!r} must be one of {REMAT}")
-  from nsl.nn import attention
-  if m.attention_impl not in attention.IMPLS:
-    raise ConfigError(f"config.model.attention_impl={m.attention_impl!r} must be one of {attention.IMPLS}")
+  _check_kernels(m)
   if t.schedule not in SCHEDULES:
     raise ConfigError(f"config.train.schedule={t.schedule!r} must be one of {SCHEDULES}")
   if t.warmup_steps < 0 or t.decay_steps < 0 or t.warmup_steps + t.decay_steps > t.steps:

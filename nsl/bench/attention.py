@@ -245,8 +245,7 @@ def _parse(argv):
     args.impls = [i for i in args.impls.split(",") if i]
   for i in args.impls:
     if i not in attention.IMPLS or i == "auto":
-      raise ConfigError(f"--impls: unknown implementation {i!r}; choose from xla, chunked, splash, "
-                        "pallas_gpu, flash_cpu")
+      raise ConfigError(f"--impls: unknown implementation {i!r}; choose from {', '.join(attention.IMPLS[1:])}")
   if args.repeats < 1 or args.batch < 1 or args.heads < 1 or args.block < 0 or args.rounds < 1:
     raise ConfigError("--repeats, --batch, --heads and --rounds must be >= 1, --block >= 0")
   if args.torch_python:

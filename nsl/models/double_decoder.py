@@ -121,10 +121,9 @@ class CrossKV(nn.Module):
 
 
 def cross_impl(impl: str) -> str:
-  """Splash and the CPU kernel cannot express block='earlier' (a dynamic inequality): use the
-  chunked XLA path."""
-  impl = attention.resolve_impl(impl)
-  return "chunked" if impl in ("splash", "flash_cpu") else impl
+  """Splash, cuDNN and the CPU kernel cannot express block='earlier' (a dynamic inequality): a
+  model that names one runs its cross attention on the chunked XLA path (`auto` picks per call)."""
+  return attention.impl_for(impl, CROSS_RULE)
 
 
 class ComboAttention(nn.Module):

@@ -1,6 +1,8 @@
 """`attend(q, k, v, rule, q_slots, k_slots, impl=...)`: attention under an nsl mask rule.
 
-Implementations (docs/design.md#masks; all evaluate `nsl.nn.masks.visible`):
+Implementations (docs/design.md#attention; all evaluate `nsl.nn.masks.visible`); their names are
+the attention entries of the kernel registry (`nsl.kernels.registry`), which says where each
+runs, which rules it takes and whether it is available:
 - `xla`:     the dense reference: materialise the [Sq, Sk] mask, one softmax. O(S²) memory.
 - `chunked`: memory-efficient attention over (query chunk, key chunk) tiles, written in XLA. Only
              the tiles that the static block map (`nsl.nn.masks.block_map`) marks non-empty are
@@ -9,14 +11,9 @@ Implementations (docs/design.md#masks; all evaluate `nsl.nn.masks.visible`):
              activations are O(S·D). Two schedules of the same tiles: on accelerators one scan
              with the online-softmax recurrence (flash attention, Dao et al. 2022/2023); on CPU
              one exact softmax per query chunk over its concatenated key chunks (`_rows`).
-- `splash` (TPU) and `pallas_gpu` (GPU): Pallas kernels from `nsl.kernels`.
-- `cudnn` (GPU): cuDNN's fused attention through `jax.nn.dot_product_attention`, for the rules
-             it can express (`nsl.kernels.cudnn`: the plain token layout with causality, a
-             sliding window and document ids).
-- `flash_cpu` (CPU): the C++ XLA FFI kernel of `nsl.kernels.flash_cpu` (the row schedule's math,
-             1.7-2.5× faster than it forward + backward; docs/benchmarks.md#profiles).
-`auto` tries, per call, the platform's kernels in order (`AUTO_ORDER`: splash on TPU; cudnn then
-pallas_gpu on GPU; flash_cpu on CPU) and takes the first that is available and takes this call
+- `splash` (TPU), `pallas_gpu` and `cudnn` (GPU), `flash_cpu` (CPU): kernels of `nsl.kernels`.
+`auto` takes, per call, the first kernel in registry order that runs on the platform (splash on
+TPU; cudnn then pallas_gpu on GPU; flash_cpu on CPU), is available and takes this call
 (`auto_choice`), else chunked; the platform is the context mesh's (`nsl.sharding.platform`), not
 the host's (docs/guide/accelerators.md). So on GPU the standard model, windows and documents
 run on cuDNN, SPS's two-kind rule and the double decoder's blocks on the Pallas kernel, and
@@ -40,8 +37,9 @@ import numpy as np
 
 from nsl.nn import masks
 from nsl.errors import ConfigError
+from nsl.kernels import registry
 
-IMPLS = ("auto", "xla", "chunked", "splash", "pallas_gpu", "cudnn", "flash_cpu")
+IMPLS = ("auto",) + registry.names("attention")  # model.attention_impl's names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +76,7 @@ def attend(q, k, v, rule: masks.Rule, q_slots: Slots, k_slots: Slots, *, impl: s
     chosen = auto_choice(sharding.platform(), q, k, v, rule, q_slots, k_slots, chunk_q, chunk_k, return_lse)
   else:
     chosen = resolve_impl(impl)
+    registry.note("attention", chosen)
   impl, (chunk_q, chunk_k) = chosen, tiles(chosen)
   if impl == "xla":
     out, lse = attend_dense(q, k, v, rule, q_slots.fields(), k_slots.fields())
@@ -87,29 +86,27 @@ def attend(q, k, v, rule: masks.Rule, q_slots: Slots, k_slots: Slots, *, impl: s
   elif impl == "chunked":
     out, lse = _attend_chunked(q, k, v, rule, q_slots, k_slots, chunk_q, chunk_k)
   else:
-    kernel = _kernel_module(impl)
-    extra = {"need_lse": return_lse} if impl == "cudnn" else {}  # its lse has no gradient
-    out, lse = kernel.attend(q, k, v, rule, q_slots, k_slots, block_q=chunk_q, block_k=chunk_k, **extra)
+    backend = registry.require("attention", impl)
+    out, lse = backend.load().attend(q, k, v, rule, q_slots, k_slots, block_q=chunk_q, block_k=chunk_k,
+                                     **_lse_arg(backend, return_lse))
   return (out, lse) if return_lse else out
-
-
-# The kernels `auto` tries on each platform, in order (module docstring).
-AUTO_ORDER = {"tpu": ("splash",), "gpu": ("cudnn", "pallas_gpu"), "cpu": ("flash_cpu",)}
 
 
 def auto_choice(platform: str, q, k, v, rule: masks.Rule, q_slots: Slots, k_slots: Slots, chunk_q: int = 0,
                 chunk_k: int = 0, need_lse: bool = False) -> str:
-  """The implementation `auto` runs for this call on `platform`: the first kernel of
-  `AUTO_ORDER[platform]` that is available here and takes the call, else 'chunked' (e.g. SED's
-  114-token encoder, off every kernel's tile grid)."""
-  for name in AUTO_ORDER.get(platform, ()):
-    if not _kernel_available(name):
-      continue
-    extra = {"need_lse": need_lse} if name == "cudnn" else {}
-    if _kernel_module(name).supports(q, k, v, rule, q_slots, k_slots, block_q=chunk_q or tile_size(name),
-                                     block_k=chunk_k or tile_size(name), **extra):
-      return name
-  return "chunked"
+  """The implementation `auto` runs for this call on `platform` (`nsl.kernels.registry.pick`): the
+  first attention kernel registered for `platform` that is available here, takes the rule and
+  takes the call, else 'chunked' (e.g. SED's 114-token encoder, off every kernel's tile grid)."""
+  def takes(backend) -> bool:
+    blocks = dict(block_q=chunk_q or tile_size(backend.name), block_k=chunk_k or tile_size(backend.name))
+    return backend.takes_rule(rule) and backend.supports(q, k, v, rule, q_slots, k_slots, **blocks,
+                                                         **_lse_arg(backend, need_lse))
+  return registry.pick("attention", takes, platform, usable=lambda backend: _kernel_available(backend.name))
+
+
+def _lse_arg(backend, need_lse: bool) -> dict:
+  """A kernel whose lse has no gradient (cuDNN) is told whether the call needs it (it refuses then)."""
+  return {} if backend.lse_grad else {"need_lse": need_lse}
 
 
 # Tiles of the chunked path on CPU, which runs the row schedule (`_rows`): 128-tiles skip more of
@@ -121,54 +118,42 @@ CPU_TILE, DEFAULT_TILE = 128, 512
 
 
 def tile_size(impl: str) -> int:
-  """The tile size when `model.attention_chunk` is 0 (auto): `DEFAULT_TILE` (the kernels' block),
-  `CPU_TILE` for the chunked path on CPU."""
+  """The tile size when `model.attention_chunk` is 0 (auto): a kernel's own `TILE` when its module
+  declares one (the CPU kernel's 64), `CPU_TILE` for the chunked path on CPU, else `DEFAULT_TILE`
+  (the accelerator kernels' block)."""
   from nsl import sharding
-  if impl == "flash_cpu":
-    from nsl.kernels import flash_cpu
-    return flash_cpu.TILE
+  backend = registry.get("attention", impl)
+  if backend.module is not None and hasattr(backend.load(), "TILE"):
+    return backend.load().TILE
   if impl == "chunked" and sharding.platform() == "cpu":
     return CPU_TILE
   return DEFAULT_TILE
 
 
 def resolve_impl(impl: str) -> str:
+  """`impl` checked against `IMPLS`; `auto` as one name for the whole model: the platform's
+  kernel that takes the most rules (`registry.general`: splash, pallas_gpu, flash_cpu), else
+  chunked. What runs per call under `auto` is `auto_choice`'s."""
   if impl not in IMPLS:
     raise ConfigError(f"model.attention_impl={impl!r} is not one of {IMPLS}")
   if impl != "auto":
     return impl
   from nsl import sharding  # the mesh's platform, not the host's: AOT compiles pick the pod's kernel
-  # The platform's kernel that takes every rule (on GPU `auto` also uses cuDNN per call where the
-  # rule allows it: `auto_choice`).
-  preferred = {"tpu": "splash", "gpu": "pallas_gpu", "cpu": "flash_cpu"}.get(sharding.platform())
-  if preferred is not None and _kernel_available(preferred):
-    return preferred
-  return "chunked"
+  return registry.general("attention", sharding.platform(), usable=lambda backend: _kernel_available(backend.name))
 
 
-KERNELS = ("splash", "pallas_gpu", "cudnn", "flash_cpu")
-
-
-def _kernel_module(impl: str):
-  try:
-    if impl == "splash":
-      from nsl.kernels import splash as mod
-    elif impl == "flash_cpu":
-      from nsl.kernels import flash_cpu as mod
-    elif impl == "cudnn":
-      from nsl.kernels import cudnn as mod
-    else:
-      from nsl.kernels import flash_gpu as mod
-  except ImportError as e:
-    raise ConfigError(f"model.attention_impl={impl!r} is unavailable here ({e}); use 'chunked' or 'xla'") from e
-  return mod
+def impl_for(impl: str, rule: masks.Rule) -> str:
+  """`impl` for attentions under `rule`: itself when it takes the rule (`auto` picks per call),
+  else chunked (e.g. splash or the CPU kernel named for a model whose double-decoder cross
+  attention compares block ids by order)."""
+  if impl == "auto":
+    return impl
+  return impl if registry.get("attention", resolve_impl(impl)).takes_rule(rule) else "chunked"
 
 
 def _kernel_available(impl: str) -> bool:
-  try:
-    return _kernel_module(impl).available()
-  except ConfigError:
-    return False
+  """Whether the registry may run `impl` here (tests stand in a GPU host's answer)."""
+  return registry.get("attention", impl).usable()
 
 
 def merge_lse(out_a, lse_a, out_b, lse_b):

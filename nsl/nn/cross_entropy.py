@@ -1,7 +1,8 @@
 """The next-token objective every family trains on: targets and weights of a packed batch
 (`next_token_targets`, docs/papers/sps.md#loss), the weighted mean NLL of logits
 (`masked_cross_entropy`), and the tied head fused with it (`head_cross_entropy`: a chunked linear +
-cross-entropy, or the C++ kernel `nsl.kernels.head_cpu` on one CPU device)."""
+cross-entropy, or the C++ kernel `nsl.kernels.head_cpu` on one CPU device, as the kernel registry
+picks)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+from nsl.kernels import head_cpu, registry
 
 
 def next_token_targets(batch: dict[str, Any]):
@@ -61,10 +64,9 @@ def head_cross_entropy(h_ND, embedding_VD, targets_N, weights_N, scale: float = 
   `targets` and `weights` are data: no gradient flows to them (zeros).
 
   On a single-device CPU computation the C++ kernel `nsl.kernels.head_cpu` runs it (same contract,
-  1.2-1.4× faster than this scan on 2 cores at 2048 × 50,304; docs/benchmarks.md#profiles) wherever it
-  applies (`head_cpu.supports`)."""
-  from nsl.kernels import head_cpu
-  if head_cpu.supports(h_ND, embedding_VD):
+  1.2-1.4× faster than this scan on 2 cores at 2048 × 50,304; docs/benchmarks.md#profiles) wherever
+  the kernel registry picks it (`head_cpu.supports`; not under `model.cpu_kernels=False`)."""
+  if registry.pick_call("head", h_ND, embedding_VD) == "head_cpu":
     return head_cpu.cross_entropy(h_ND, embedding_VD, targets_N, weights_N, scale)
   return _head_ce(h_ND, embedding_VD, targets_N, weights_N, scale)
 

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from nsl.nn import masks
-from nsl.kernels import decode_cpu
+from nsl.kernels import decode_cpu, registry
 
 # Up to this many queries per step score the cached keys one matrix-vector product each (Eigen's
 # GEMV): XLA:CPU hands a 2-row product to YNNPACK, which at XS took 1.4 ms a layer against 0.47 +
@@ -215,11 +215,12 @@ class KVCache:
     log-sum-exp [B, H, Sq] (to merge with another attention, `merge_lse`).
     `attention.attend_dense`'s softmax over cache + new keys, with the two parts scored and
     weighted separately: no cache-sized concatenation (module docstring); on one CPU device one
-    `nsl.kernels.decode_cpu` call, which reads the layer's K/V once for all the queries.
+    `nsl.kernels.decode_cpu` call where the kernel registry picks it, which reads the layer's K/V
+    once for all the queries.
     `queries`: q holds only these of the step's slots (static indices; `layers.Attention`)."""
     vis_c, vis_n = self._visible(q, k_new.shape[1], rule, step, queries)
     k_c, v_c = self.k[layer], self.v[layer]
-    if decode_cpu.supports(q, k_c):
+    if registry.pick_call("decode", q, k_c) == "decode_cpu":
       out, lse = decode_cpu.attend(q, k_c, v_c, vis_c[:, 0], k_new, v_new, vis_n[:, 0])
       return (out.astype(q.dtype), lse) if return_lse else out.astype(q.dtype)
     return attend_parts(q, [(k_c, v_c, vis_c, True), (k_new, v_new, vis_n, False)], return_lse)
@@ -230,7 +231,7 @@ class KVCache:
     after its reads (XLA's separate update of the transposed K touched B·H·Dh scattered lines per
     slot: 0.9 ms of a standard XS decode step, 1.5 ms of an SPS one, which writes two slots)."""
     k_c = self.k[layer]
-    if self.is_per_layer and not self.view and decode_cpu.supports(q, k_c):
+    if self.is_per_layer and not self.view and registry.pick_call("decode", q, k_c) == "decode_cpu":
       vis_c, vis_n = self._visible(q, k_new.shape[1], rule, step, queries)
       out, _, k_l, v_l = decode_cpu.attend_write(q, k_c, self.v[layer], vis_c[:, 0], k_new, v_new, vis_n[:, 0],
                                                  step.write)

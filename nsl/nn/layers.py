@@ -23,7 +23,7 @@ import numpy as np
 
 from nsl.errors import ConfigError
 from nsl.nn import attention, cross_entropy, masks
-from nsl.kernels import decode_cpu
+from nsl.kernels import decode_cpu, registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +179,7 @@ def dense(x, w, n_in: int = 1, *, transpose_w: bool = False, preferred_element_t
   else:
     out_shape, w2 = w.shape[n_in:], w.reshape(k, -1)
   x2 = x.reshape(-1, k)
-  if not transpose_w and decode_cpu.supports_matmul(x2, w2):  # a decode step's few rows (decode_cpu.matmul)
+  if not transpose_w and registry.pick_call("matmul", x2, w2) == "decode_cpu":  # a decode step's few rows
     y = decode_cpu.matmul(x2, w2).astype(preferred_element_type or x.dtype)
   else:
     y = jnp.dot(x2, w2, preferred_element_type=preferred_element_type)

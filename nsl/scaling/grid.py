@@ -172,6 +172,9 @@ def config_hash(config_dict: dict) -> str:
                  if not (k == "init_seed" and v is None) and not (k == "evals" and not v) and k != "log"}
   if isinstance(config_dict.get("train"), dict):
     config_dict["train"] = {k: v for k, v in config_dict["train"].items() if k != "profile_steps"}
+  # The CPU kernels on (the default) is what cells ran before the switch existed: left out too.
+  if isinstance(config_dict.get("model"), dict) and config_dict["model"].get("cpu_kernels") is True:
+    config_dict["model"] = {k: v for k, v in config_dict["model"].items() if k != "cpu_kernels"}
   blob = json.dumps(config_dict, sort_keys=True, separators=(",", ":"))
   return hashlib.sha256(blob.encode()).hexdigest()[:10]
 

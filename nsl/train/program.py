@@ -16,6 +16,7 @@ import numpy as np
 
 from nsl import config as nsl_config
 from nsl import sharding
+from nsl.kernels import registry as kernel_registry
 from nsl.models import registry
 from nsl.train import state as train_state
 from nsl.train import step as train_step_lib
@@ -50,7 +51,8 @@ class Program:
     self.batch_sharding = sharding.batch_sharding(self.mesh)
     repl = sharding.replicated(self.mesh)
     step_fn = train_step_lib.make_train_step(self.family, self.optimizer, self.schedule, t.grad_accum)
-    self.train_step = jax.jit(self._with_rules(step_fn), in_shardings=(self.state_sharding, self.batch_sharding, repl),
+    self._train_fn = self._with_rules(step_fn)
+    self.train_step = jax.jit(self._train_fn, in_shardings=(self.state_sharding, self.batch_sharding, repl),
                               out_shardings=(self.state_sharding, repl), donate_argnums=(0,))
     self.eval_step = jax.jit(self._with_rules(train_step_lib.make_eval_step(self.family)),
                              in_shardings=(self.state_sharding.params, self.batch_sharding), out_shardings=repl)
@@ -58,8 +60,11 @@ class Program:
     self.init = jax.jit(self._with_rules(init), out_shardings=self.state_sharding)
 
   def _with_rules(self, fn):
+    """`fn` traced under the config's logical axis rules and kernel switch (`model.cpu_kernels`)."""
+    cpu_kernels = self.config.model.get("cpu_kernels", True)
+
     def wrapped(*args):
-      with nn.logical_axis_rules(self.rules):
+      with nn.logical_axis_rules(self.rules), kernel_registry.use(cpu_kernels=cpu_kernels):
         return fn(*args)
     return wrapped
 
@@ -88,9 +93,13 @@ class Program:
       return self.eval_step.lower(self.abstract_state.params, self.abstract_batch(t.batch_size // t.grad_accum))
 
   def describe(self) -> dict[str, Any]:
-    """Choices the platform made for this program (read under its mesh, as tracing does)."""
-    from nsl.nn import attention
-    with self.mesh_context():
-      return {"platform": sharding.platform(),
-              "attention_impl": attention.resolve_impl(self.config.model.attention_impl),
-              "dtype": str(np.dtype(self.family.dims.compute_dtype))}
+    """Choices the platform made for this program: the kernels the kernel registry picked while
+    the train step was traced (shapes only) under its mesh, per kind, each name once
+    ("cudnn+pallas_gpu" where cuDNN takes some attentions and the Pallas kernel the rest)."""
+    with self.mesh_context(), kernel_registry.record() as picks:
+      # A new function object: JAX's trace cache would otherwise replay an earlier trace unseen.
+      jax.eval_shape(lambda *args: self._train_fn(*args), self.abstract_state, self.abstract_batch(),
+                     self.abstract_rng())
+      kernels = picks.summary()
+      return {"platform": sharding.platform(), "attention_impl": kernels.get("attention", "none"),
+              "kernels": kernels, "dtype": str(np.dtype(self.family.dims.compute_dtype))}
