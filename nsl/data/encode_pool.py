@@ -19,6 +19,7 @@ import collections
 import itertools
 import multiprocessing
 import os
+import time
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -29,6 +30,9 @@ CHUNK_DOCS = 256
 CHUNK_CHARS = 1 << 20
 
 _worker_tok = None
+# CPU seconds the workers spent encoding (each batch reports its own), summed in the parent:
+# `nsl.bench.prepare` compares tokens per worker CPU-second with the one-core ceiling.
+STATS = {"worker_cpu_sec": 0.0}
 
 
 def chunks(docs: Iterable[str], max_docs: int | None = None, max_chars: int | None = None) -> Iterator[list[str]]:
@@ -66,8 +70,15 @@ def _init_worker(spec: dict, tok_dir: str) -> None:
     _worker_tok.batch_threads = 1
 
 
-def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-  return encode_batch(_worker_tok, texts)
+def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray, float]:
+  t0 = time.process_time()
+  flat, lengths = encode_batch(_worker_tok, texts)
+  return flat, lengths, time.process_time() - t0
+
+
+def _collect(result: tuple[np.ndarray, np.ndarray, float]) -> tuple[np.ndarray, np.ndarray]:
+  STATS["worker_cpu_sec"] += result[2]
+  return result[0], result[1]
 
 
 def _start_server(ctx) -> None:
@@ -103,9 +114,9 @@ def encode_stream(docs: Iterable[str], tok, workers: int = 1, spec: dict | None 
     for texts in chunks(docs):
       pending.append(pool.apply_async(_encode_in_worker, (texts,)))
       if len(pending) >= 2 * workers:
-        yield pending.popleft().get()
+        yield _collect(pending.popleft().get())
     while pending:
-      yield pending.popleft().get()
+      yield _collect(pending.popleft().get())
   finally:
     pool.terminate()
     pool.join()
