@@ -277,18 +277,20 @@ class WorkdirLock:
     for _ in range(3):
       if storage.create_exclusive(path, json.dumps(info)):
         return cls(path, info)
-      holder = cls._read(path)
+      holder, version = cls._read_versioned(path)
       if holder is not None and cls._alive(holder) and holder.get("pid") != os.getpid():
         raise NslError(f"--workdir={workdir} is in use by another trainer (pid {holder.get('pid')} on "
                        f"{holder.get('host')}, lock {path}); wait for it to finish, stop it, or use another "
                        "--workdir (delete the lock only if that process is gone)")
-      cls._remove_stale(path)
+      cls._remove_stale(path, version)
     raise NslError(f"--workdir={workdir}: could not take the lock {path}; another trainer is starting there")
 
   @staticmethod
-  def _remove_stale(path: str) -> None:
+  def _remove_stale(path: str, version: str | None) -> None:
     if storage.is_remote(path):
-      storage.remove(path)  # two takers racing both retry the create-only write: one wins
+      # Only the generation judged stale: a lock another trainer took over meanwhile is a new
+      # generation and stays; both retry the create-only write and one wins.
+      storage.remove_version(path, version)
       return
     stale = f"{path}.stale{os.getpid()}"
     try:
@@ -297,12 +299,17 @@ class WorkdirLock:
     except FileNotFoundError:
       pass
 
+  @classmethod
+  def _read(cls, path: str) -> dict | None:
+    return cls._read_versioned(path)[0]
+
   @staticmethod
-  def _read(path: str) -> dict | None:
+  def _read_versioned(path: str) -> tuple[dict | None, str | None]:
     try:
-      return json.loads(storage.read_text(path))
+      text, version = storage.read_versioned(path)
+      return json.loads(text), version
     except (OSError, ValueError):
-      return None
+      return None, None
 
   @staticmethod
   def _alive(info: dict) -> bool:

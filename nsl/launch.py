@@ -117,6 +117,15 @@ def check_remote_workdir(workdir: str) -> str:
   return path
 
 
+def check_restore_from(path: str) -> None:
+  """A --restore_from in a bucket names a run with checkpoints, checked before the workdir is
+  touched (a local one is checked where it is read, as before)."""
+  storage.check_bucket(path, "--restore_from")
+  directory = path if storage.basename(path) == "checkpoints" else storage.join(path, "checkpoints")
+  if not storage.isdir(directory):
+    raise ConfigError(f"--restore_from={path}: no checkpoints directory at {directory}; name a run's workdir")
+
+
 def init_distributed(args) -> None:
   import jax
 
@@ -168,6 +177,8 @@ def _main(args, overrides, early_sigterm: list) -> int:
   if storage.is_remote(str(config.data.get("path") or "")):
     from nsl.data import datadir  # a missing bucket or object is reported before the workdir is touched
     datadir.fetch(str(config.data.path))
+  if args.restore_from and storage.is_remote(args.restore_from):
+    check_restore_from(args.restore_from)
   if jax.process_index() == 0:
     check_workdir(args.workdir)
   from nsl.train import loop

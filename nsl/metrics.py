@@ -40,7 +40,13 @@ def peak_flops_per_device(device=None) -> float | None:
 
 def write_json(path: str, obj: Any) -> None:
   """Atomic JSON write: readers (the grid runner) never see a half-written file. Always valid
-  JSON: a non-finite float (a NaN loss) is written as null."""
+  JSON: a non-finite float (a NaN loss) is written as null. A gs:// path is one object, replaced
+  whole (nsl.storage)."""
+  from nsl import storage
+
+  if storage.is_remote(path):
+    storage.write_text(path, json.dumps(finite_json(obj), indent=2, sort_keys=True, allow_nan=False) + "\n")
+    return
   tmp = f"{path}.tmp{os.getpid()}"
   try:
     with open(tmp, "w") as f:

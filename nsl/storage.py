@@ -90,10 +90,10 @@ def Path(path: str):  # noqa: N802 - a constructor, as epath.Path
   return epath.Path(resolve(path))
 
 
-def _fs(path: str):
+def _fs(path: str, **kwargs):
   import fsspec
 
-  return fsspec.filesystem(scheme(path))
+  return fsspec.filesystem(scheme(path), **kwargs)
 
 
 def _fresh(path: str):
@@ -199,6 +199,34 @@ def create_exclusive(path: str, text: str) -> bool:
   except FileExistsError:
     return False
   return True
+
+
+def read_versioned(path: str) -> tuple[str, str | None]:
+  """(text, version): a bucket object's text with its generation (read at that generation, so the
+  two belong together); a local file's text with None."""
+  if not is_remote(path):
+    return read_text(path), None
+  fs = _fs(path, version_aware=True)  # reads `path#generation` as that generation
+  fs.invalidate_cache()
+  generation = str(fs.info(path).get("generation") or "") or None
+  data = fs.cat_file(f"{path}#{generation}" if generation else path)
+  return data.decode(), generation
+
+
+def remove_version(path: str, version: str | None) -> None:
+  """Deletes `path` only while it is still `version` (a bucket object's generation): a lock that
+  another process replaced meanwhile is left alone. Local paths: a plain delete."""
+  if not is_remote(path) or version is None:
+    remove(path)
+    return
+  fs = _fs(path)
+  bucket, key = path.split("://", 1)[1].split("/", 1)
+  try:  # GCS's precondition: 412 when the object is another generation now (fake-gcs-server
+    # ignores it, so the tests cannot see this race; real GCS enforces it)
+    fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=version)
+  except Exception:  # 412 or gone: someone else's lock now; the create-only retry decides
+    pass
+  fs.invalidate_cache()
 
 
 def check_bucket(path: str, flag: str) -> None:

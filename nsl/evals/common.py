@@ -65,6 +65,19 @@ def write_result(result: dict, out: str, plot) -> dict:
   `result["plot"]`, then the result is written to `out` as JSON."""
   import json
 
+  from nsl import storage
+
+  if storage.is_remote(out):  # drawn and written locally, then copied up beside each other
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+      local = write_result(result, os.path.join(tmp, storage.basename(out)), plot)
+      if result.get("plot"):
+        png = os.path.splitext(out)[0] + ".png"
+        storage.upload(result["plot"], png)
+        result["plot"] = png
+      storage.write_text(out, json.dumps(local, indent=1))
+    return result
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   result["plot"] = plot(result, os.path.splitext(out)[0] + ".png")
   with open(out, "w") as f:

@@ -46,16 +46,18 @@ Parser = ArgumentParser  # argparse whose mistakes are one line and exit status 
 
 def check_workdir(workdir: str) -> dict:
   """The run's config.json as a dict; NslError naming what is missing."""
-  if not os.path.isdir(workdir):
+  from nsl import storage  # a local run directory or gs://bucket/run
+
+  storage.check_bucket(workdir, "--workdir")
+  if not storage.isdir(workdir):
     raise NslError(f"--workdir={workdir}: no such run directory")
-  path = os.path.join(workdir, "config.json")
-  if not os.path.isfile(path):
+  path = storage.join(workdir, "config.json")
+  if not storage.isfile(path):
     raise NslError(f"--workdir={workdir}: no config.json (not a run directory, or the run never started)")
-  if not os.path.isdir(os.path.join(workdir, "checkpoints")):
+  if not storage.isdir(storage.join(workdir, "checkpoints")):
     raise NslError(f"--workdir={workdir}: no checkpoints directory; train the run first")
   try:
-    with open(path, encoding="utf-8") as f:
-      return json.load(f)
+    return json.loads(storage.read_text(path))
   except json.JSONDecodeError as e:
     raise NslError(f"{path}: malformed JSON at line {e.lineno}: {e.msg}") from None
 
@@ -102,7 +104,12 @@ def mesh_of(params):
 
 
 def run_data_dir(config) -> str:
+  from nsl import storage
+  from nsl.data import datadir
+
   path = str(config.data.path)
+  if storage.is_remote(path):  # a gs:// data dir is read from its local copy, as the trainer does
+    return datadir.fetch(path)
   if not os.path.isdir(path):
     raise DataError(f"the run's data dir {path!r} (config data.path) is not here; run from the directory "
                     "the run was launched from, or pass --data=DIR")
@@ -201,12 +208,13 @@ def merge_result(workdir: str, key: str, values: dict, details: dict | None = No
   """Merges `values` into result.json[key] (and `details` into result.json["eval_details"])."""
   from nsl.metrics import write_json
 
-  path = os.path.join(workdir, "result.json")
+  from nsl import storage
+
+  path = storage.join(workdir, "result.json")  # a local run or a gs:// one
   result = {}
-  if os.path.isfile(path):
+  if storage.isfile(path):
     try:
-      with open(path, encoding="utf-8") as f:
-        result = json.load(f)
+      result = json.loads(storage.read_text(path))
     except json.JSONDecodeError as e:
       raise NslError(f"{path}: malformed JSON at line {e.lineno}: {e.msg}") from None
   result.setdefault(key, {}).update(values)
@@ -243,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
   check_workdir(args.workdir)
   from nsl.data.prepare import load_manifest
 
+  from nsl.data import datadir
+
+  sets = [(name, datadir.fetch(path)) for name, path in sets]  # gs:// dirs: their local copies
   for _, path in sets:
     load_manifest(path)  # a missing or broken data dir fails before the model loads
   config, family, params = _load_run(args.workdir)

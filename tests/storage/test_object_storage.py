@@ -13,6 +13,7 @@ import time
 import pytest
 
 from nsl import checkpoint, launch, procs, storage
+from nsl.evals import nll
 from nsl.errors import NslError
 from tests.helpers import ROOT, SUBPROCESS_XLA_FLAGS, make_corpus
 from tests.storage.emulator import Emulator
@@ -106,6 +107,10 @@ def test_gs_run_killed_during_an_async_save_resumes_to_the_bits_of_a_local_run(g
   # The data was read from the bucket: the run's copy of it is in the cache, shard for shard.
   cached = storage.cache_dir("data", gs_data)
   assert sorted(os.listdir(cached)) == sorted(os.listdir(local_data))
+  # An evaluation reads the run from the bucket and merges its figures into the bucket's result.json.
+  assert nll.main([f"--workdir={run}", "--max_batches=1"]) == 0
+  merged = _records(run, "result.json")
+  assert merged["state_sha256"] == result["state_sha256"] and "val" in merged["eval_details"], merged
 
 
 def test_lock_in_a_bucket_refuses_a_live_holder_and_takes_over_a_dead_ones(gcs):
@@ -126,10 +131,11 @@ def _errors(capsys):
   return [l for l in capsys.readouterr().err.splitlines() if l.strip()]
 
 
-@pytest.mark.parametrize("case", ["missing bucket", "foreign workdir", "missing data", "missing shard"])
+@pytest.mark.parametrize("case", ["missing bucket", "foreign workdir", "missing data", "missing shard",
+                                  "missing restore_from"])
 def test_bad_bucket_input_is_one_line_and_writes_nothing(gcs, data, tmp_path, capsys, case):
   local_data, gs_data = data
-  workdir, data_dir = "gs://bucket/runs/bad", gs_data
+  workdir, data_dir, args = "gs://bucket/runs/bad", gs_data, []
   if case == "missing bucket":
     workdir = "gs://no-such-bucket/run"
   elif case == "foreign workdir":
@@ -137,6 +143,8 @@ def test_bad_bucket_input_is_one_line_and_writes_nothing(gcs, data, tmp_path, ca
     storage.write_text(f"{workdir}/notes.txt", "not a run")
   elif case == "missing data":
     data_dir = "gs://bucket/no-data"
+  elif case == "missing restore_from":
+    args = ["--restore_from=gs://bucket/no-run"]
   else:
     data_dir = "gs://bucket/broken-data"
     for name in os.listdir(local_data):
@@ -144,12 +152,13 @@ def test_bad_bucket_input_is_one_line_and_writes_nothing(gcs, data, tmp_path, ca
         storage.upload(os.path.join(local_data, name), f"{data_dir}/{name}")
   before = storage.listdir("gs://bucket/runs/bad") + storage.listdir("gs://bucket/theirs")
   capsys.readouterr()
-  assert launch.main([f"--config={_cfg(tmp_path, data_dir)}", f"--workdir={workdir}", "--quiet"]) == 2
+  assert launch.main([f"--config={_cfg(tmp_path, data_dir)}", f"--workdir={workdir}", "--quiet", *args]) == 2
   errors = _errors(capsys)
   assert len(errors) == 1 and errors[0].startswith("nsl: error"), errors
   expect = {"missing bucket": "bucket gs://no-such-bucket does not exist",
             "foreign workdir": "holds objects nsl did not write (notes.txt)",
             "missing data": "data dir gs://bucket/no-data does not exist",
-            "missing shard": "lists val_00000.bin, which is not there"}[case]
+            "missing shard": "lists val_00000.bin, which is not there",
+            "missing restore_from": "no checkpoints directory at gs://bucket/no-run/checkpoints"}[case]
   assert expect in errors[0], errors
   assert storage.listdir("gs://bucket/runs/bad") + storage.listdir("gs://bucket/theirs") == before
