@@ -47,6 +47,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nsl import storage
 from nsl.errors import ArgumentParser, ConfigError, cli_main
 from nsl.scaling import backends, runner
 from nsl.scaling.cells import CELL_REF, Cell, cell_rows
@@ -164,17 +165,27 @@ def human(x: float) -> str:
   return f"{x:.3g}"
 
 
+# Fields added after grids were run, at the value that trains a cell as it was trained before the
+# field existed: left out of the hash so those cells keep their ids (an empty value is "unset").
+NEUTRAL_FIELDS = {("init_seed",): None, ("evals",): {}, ("model", "cpu_kernels"): True, ("data", "mixture"): ""}
+# Fields that never change what a cell trains or records: always left out (turning W&B on or
+# tracing a few steps finds the grid's finished cells).
+IGNORED_FIELDS = (("log",), ("train", "profile_steps"))
+
+
 def config_hash(config_dict: dict) -> str:
-  # An unset init_seed (the same as seed) and an empty evals section are left out, so cells from
-  # before those fields keep their ids; logging and profiling never change what a cell trains or
-  # records, so they are always left out (turning W&B on finds the grid's finished cells).
-  config_dict = {k: v for k, v in config_dict.items()
-                 if not (k == "init_seed" and v is None) and not (k == "evals" and not v) and k != "log"}
-  if isinstance(config_dict.get("train"), dict):
-    config_dict["train"] = {k: v for k, v in config_dict["train"].items() if k != "profile_steps"}
-  # The CPU kernels on (the default) is what cells ran before the switch existed: left out too.
-  if isinstance(config_dict.get("model"), dict) and config_dict["model"].get("cpu_kernels") is True:
-    config_dict["model"] = {k: v for k, v in config_dict["model"].items() if k != "cpu_kernels"}
+  def drop(d: dict, path: tuple[str, ...], keep=lambda v: False) -> dict:
+    head, *rest = path
+    if head not in d:
+      return d
+    if rest:
+      return {**d, head: drop(d[head], tuple(rest), keep)} if isinstance(d[head], dict) else d
+    return d if keep(d[head]) else {k: v for k, v in d.items() if k != head}
+
+  for path, neutral in NEUTRAL_FIELDS.items():
+    config_dict = drop(config_dict, path, keep=lambda v, n=neutral: v != n and not (n in ({}, "") and not v))
+  for path in IGNORED_FIELDS:
+    config_dict = drop(config_dict, path)
   blob = json.dumps(config_dict, sort_keys=True, separators=(",", ":"))
   return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
@@ -303,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
   st.add_argument("--root", required=True)
   st.add_argument("--json", action="store_true")
   args = p.parse_args(argv)
+  if getattr(args, "root", None) and storage.is_remote(args.root):
+    # The runner's claims are local files kept alive by heartbeats (mtime) and their holders'
+    # pids: nothing an object store offers (docs/guide/storage.md#not-covered).
+    raise ConfigError(f"--root={args.root}: a grid root must be a local or shared-filesystem directory "
+                      "(the runner's cell locks need file heartbeats); use a local --root")
 
   if args.command == "status":
     rows = cell_rows(Path(args.root))

@@ -47,6 +47,17 @@ def test_tiny_grid_expansion_is_deterministic():
 def test_run_ids_are_a_hash_of_the_effective_config(tmp_path):
   # pinned: changing the hash changes every existing grid root's directory names
   assert grid.config_hash({"b": [1, 2], "a": {"y": None, "x": 1.5}}) == "34283b08f8"
+  # fields added later, at their neutral values, and logging/profiling leave the id alone
+  base = {"seed": 0, "model": {"d_model": 32}, "data": {"path": "d"}, "train": {"steps": 5}}
+  added = {"seed": 0, "init_seed": None, "evals": {}, "log": {"wandb": True},
+           "model": {"d_model": 32, "cpu_kernels": True}, "data": {"path": "d", "mixture": ""},
+           "train": {"steps": 5, "profile_steps": [2, 3]}}
+  assert grid.config_hash(added) == grid.config_hash(base)
+  for path, value in ((("init_seed",), 1), (("model", "cpu_kernels"), False), (("data", "mixture"), "a=1,b=1"),
+                      (("evals",), {"x": {"kind": "nll"}})):
+    changed = json.loads(json.dumps(added))
+    (changed[path[0]] if len(path) == 2 else changed)[path[-1]] = value
+    assert grid.config_hash(changed) != grid.config_hash(base), path
   a = write_grid(tmp_path / "a.py", """
       def get_grid():
         return {"base": "configs/tiny.py", "overrides": {"train.lr": 1e-3, "seed": 3},
