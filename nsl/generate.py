@@ -190,9 +190,9 @@ def stream(family, params, prompt, args, printer: Printer) -> dict:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
-  from nsl import hf_tokenizer, runs
+  from nsl import hf, hf_tokenizer, runs
 
-  config = runs.load_config(args.run)
+  config = hf.run_config(args.run, "--run")
   tok, eos_id, _ = hf_tokenizer.run_tokenizer(config, args.data)
   prompt = tok.encode(args.prompt)
   if not prompt:

@@ -290,12 +290,22 @@ def read_tensors(hf_dir: str) -> dict[str, np.ndarray]:
 # ------------------------------------------------------------------------------------------ commands
 
 
+def run_config(run_dir: str, flag: str):
+  """`nsl.runs.load_config`, its error naming the argument `flag` that gave the path."""
+  from nsl import runs
+
+  try:
+    return runs.load_config(run_dir)
+  except NslError as e:
+    raise NslError(str(e).replace("--workdir=", f"{flag}=", 1)) from None
+
+
 def export(run_dir: str, out_dir: str, data: str | None = None) -> dict:
   """Writes the HF directory for a standard run; returns what was written."""
   from nsl import runs
   from nsl import hf_tokenizer
 
-  config = runs.load_config(run_dir)
+  config = run_config(run_dir, "RUN_DIR")
   check_exportable(config)  # before the parameters load
   tok = hf_tokenizer.run_tokenizer(config, data)  # (tokenizer, eos id, data dir), or a clear error
   _, _, params = runs.load_run(run_dir, flag="RUN_DIR")
