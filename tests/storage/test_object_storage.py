@@ -162,3 +162,10 @@ def test_bad_bucket_input_is_one_line_and_writes_nothing(gcs, data, tmp_path, ca
             "missing restore_from": "no checkpoints directory at gs://bucket/no-run/checkpoints"}[case]
   assert expect in errors[0], errors
   assert storage.listdir("gs://bucket/runs/bad") + storage.listdir("gs://bucket/theirs") == before
+
+
+def test_grid_root_in_a_bucket_is_refused_in_one_line(capsys):
+  from nsl.scaling import grid
+  assert grid.main(["status", "--root=gs://bucket/grid"]) == 2
+  errors = _errors(capsys)
+  assert len(errors) == 1 and "a grid root must be a local or shared-filesystem directory" in errors[0], errors
