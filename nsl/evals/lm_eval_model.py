@@ -102,7 +102,9 @@ class NslLM(TemplateLM):
     return list(self.tokenizer.encode(string))
 
   def tok_decode(self, tokens) -> str:
-    return self.tokenizer.decode([int(t) for t in tokens])
+    # ids past the tokenizer (the embedding's padding rows, SPS's <predict> row) are no text; a
+    # model can still draw them, so they decode to nothing
+    return self.tokenizer.decode([int(t) for t in tokens if 0 <= int(t) < self.tokenizer.vocab_size])
 
   def __call__(self, pairs) -> list[tuple[float, bool]]:
     """`loglikelihood` on plain (context, continuation) strings: the `loglik` of

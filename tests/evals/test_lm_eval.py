@@ -103,6 +103,8 @@ def test_generate_until_decodes_greedily_and_stops(run, monkeypatch):
   stop = free[6:8]
   (cut,) = lm.generate_until([SimpleNamespace(args=(prompt, dict(sampled, until=[stop])))])
   assert cut == free[:free.index(stop)] and len(free) > len(cut), (free, cut)
+  # ids past the tokenizer (padding rows of the embedding, SPS's <predict>) decode to nothing
+  assert lm.tok_decode([72, 105, 300, 256]) == "Hi<|endoftext|>"
   with pytest.raises(lm_eval_model.NslError, match="max_gen_toks=64 leaves no room"):
     lm.generate_until([SimpleNamespace(args=(prompt, {"until": [], "max_gen_toks": 64}))])
 
