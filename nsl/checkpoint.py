@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import time
 from typing import Any, Callable
 
@@ -203,6 +204,9 @@ def restore_params(path: str, abstract_state, flag: str = "--restore_from"):
     for step in steps:  # the newest that restores; a damaged one is skipped with a warning
       try:
         restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
+        if mismatch is not None:  # an older step fits this model, so the newer one was damage
+          warn(f"{flag}: checkpoint {storage.join(directory, str(mismatch[0]))} is damaged ({mismatch[1]}); "
+               f"used step {step}")
         return restored["state"].params, step
       except Exception as e:
         reason = f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
@@ -246,6 +250,24 @@ def state_digest(state) -> str:
     h.update(f"{jax.tree_util.keystr(path)}:{x.dtype.name}:{x.shape};".encode())
     h.update(x.tobytes())
   return "sha256:" + h.hexdigest()
+
+
+def _drop_closed_loop_noise(previous=sys.unraisablehook):
+  """TensorStore's callbacks for a read that failed on a damaged step (a truncated OCDBT manifest)
+  can fire after Orbax closed their event loop; Python then prints 'Exception ignored ...
+  RuntimeError: Event loop is closed' tracebacks at garbage collection. The damage was already
+  reported in one line, so only those are dropped; every other unraisable error still prints."""
+
+  def hook(unraisable):
+    e = unraisable.exc_value
+    if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
+      return
+    previous(unraisable)
+
+  return hook
+
+
+sys.unraisablehook = _drop_closed_loop_noise()
 
 
 def _is_shape_mismatch(e: BaseException) -> bool:

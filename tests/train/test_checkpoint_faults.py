@@ -6,13 +6,15 @@ that the family changed."""
 import logging
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 from nsl import launch
 from nsl.evals import nll
 from nsl.train import loop
-from tests.helpers import ROOT, make_corpus, tiny_config
+from tests.helpers import ROOT, SUBPROCESS_XLA_FLAGS, make_corpus, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +58,20 @@ def test_resume_under_another_family_says_the_family_changed(finished, tmp_path,
   errors = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
   assert len(errors) == 1 and "config.family='sps' differs from the checkpoint" in errors[0], errors
   assert "('standard')" in errors[0], errors
+
+
+def test_restore_from_a_truncated_manifest_warns_once_and_prints_nothing_else(finished, tmp_path):
+  """The resume path is covered in test_recovery; this is --restore_from's (restore_params) in a
+  fresh process, where Python's own 'Exception ignored' tracebacks would reach stderr."""
+  workdir = _copy(finished[1], tmp_path)
+  open(os.path.join(workdir, "checkpoints", "6", "state", "manifest.ocdbt"), "r+b").truncate(10)
+  code = ("import gc, sys; from nsl import checkpoint, runs; from nsl.models import registry\n"
+          f"c = runs.load_config({workdir!r}); f = registry.get_family(c)\n"
+          f"_, step = checkpoint.restore_params({workdir!r}, runs.abstract_train_state(c, f)); gc.collect()\n"
+          "print('step', step)\n")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, XLA_FLAGS=SUBPROCESS_XLA_FLAGS))
+  assert proc.returncode == 0 and proc.stdout.split() == ["step", "3"], proc.stderr[-3000:]
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1 and lines[0].startswith("nsl: warning: --restore_from: checkpoint") \
+      and "checkpoints/6 is damaged" in lines[0] and "used step 3" in lines[0], lines
