@@ -201,6 +201,14 @@ class _Reused:
 
   def __init__(self, data_dir: str):
     flag = f"--tokenizer_from={data_dir}"
+    from nsl import storage
+
+    # A gs:// dir is read from its local copy; the new manifest records the URL.
+    self.source = data_dir if storage.is_remote(data_dir) else os.path.abspath(data_dir)
+    try:
+      data_dir = datadir.fetch(data_dir)
+    except DataError as e:
+      raise DataError(f"--tokenizer_from: {e}") from None
     if not os.path.isdir(data_dir):
       raise DataError(f"{flag}: no such directory; pass a data dir made by nsl.data.prepare")
     if not os.path.isfile(os.path.join(data_dir, MANIFEST)):
@@ -255,7 +263,7 @@ def _mismatch(manifest: dict, out_dir: str, sources, tokenizer, vocab_size, val_
     if found[key] != value:
       return f"{key}={found[key]!r} there, {value!r} requested"
   if reused is not None and datadir.tokenizer_fingerprint(out_dir, manifest) != reused.fingerprint():
-    return f"its {tokenizer} tokenizer is not the one of --tokenizer_from={reused.data_dir}"
+    return f"its {tokenizer} tokenizer is not the one of --tokenizer_from={reused.source}"
   return ""
 
 
@@ -285,7 +293,7 @@ def prepare(out_dir: str, sources: Sequence[str], tokenizer: str = "byte",
     raise DataError(f"--out={out_dir} exists and is not a prepared data dir; choose another --out")
   t0 = time.time()
   settings = {"sources": sources, "tokenizer": tokenizer, "vocab_size": vocab_size if tokenizer == "bpe" else None,
-              "gpt2_bpe": gpt2_bpe, "tokenizer_from": reused.data_dir if reused is not None else None,
+              "gpt2_bpe": gpt2_bpe, "tokenizer_from": reused.source if reused is not None else None,
               "val_fraction": val_fraction, "seed": seed, "shard_tokens": shard_tokens, "max_docs": max_docs}
   with PartialDir(out_dir, settings) as staging:
     state = staging.load()
@@ -318,7 +326,7 @@ def prepare(out_dir: str, sources: Sequence[str], tokenizer: str = "byte",
         "prepare_seconds": round(time.time() - t0, 3),
     }
     if reused is not None:
-      manifest["tokenizer_from"] = reused.data_dir
+      manifest["tokenizer_from"] = reused.source
     try:
       return staging.install(manifest, force)
     except (DataError, OSError):

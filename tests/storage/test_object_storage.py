@@ -169,3 +169,14 @@ def test_grid_root_in_a_bucket_is_refused_in_one_line(capsys):
   assert grid.main(["status", "--root=gs://bucket/grid"]) == 2
   errors = _errors(capsys)
   assert len(errors) == 1 and "a grid root must be a local or shared-filesystem directory" in errors[0], errors
+
+
+def test_prepare_with_the_tokenizer_of_a_data_dir_in_a_bucket(gcs, data, tmp_path):
+  from nsl.data import prepare
+  local_data, gs_data = data
+  (tmp_path / "t.txt").write_text("Four score and seven years ago. " * 40)
+  out = str(tmp_path / "out")
+  manifest = prepare.prepare(out, [str(tmp_path / "t.txt")], tokenizer_from=gs_data)
+  assert manifest["tokenizer_from"] == gs_data and manifest["tokenizer"] == prepare.load_manifest(local_data)["tokenizer"]
+  with pytest.raises(NslError, match="--tokenizer_from: data dir gs://bucket/none does not exist"):
+    prepare.prepare(str(tmp_path / "out2"), [str(tmp_path / "t.txt")], tokenizer_from="gs://bucket/none")
