@@ -24,7 +24,7 @@ import contextlib
 import contextvars
 import dataclasses
 import importlib
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 from jax._src import config as jax_config
 
@@ -223,12 +223,6 @@ def record() -> Iterator[Picks]:
     yield picks
   finally:
     _recorders.reset(token)
-
-
-def describe() -> list[dict[str, Any]]:
-  """Every entry as a JSON-able dict, with whether it is usable here (docs, `--help` texts)."""
-  return [{"kind": b.kind, "name": b.name, "platforms": list(b.platforms), "rules": sorted(b.rules),
-           "cpu_kernel": b.cpu_kernel, "usable": b.usable(), "summary": b.summary} for b in _REGISTRY.values()]
 
 
 # ----------------------------------------------------------------------------- the backends
