@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 
 from nsl.errors import ArgumentParser, DataError, cli_main
 
@@ -16,12 +17,33 @@ def main(argv: list[str] | None = None) -> int:
   parser = ArgumentParser(prog="python -m nsl.report", description=__doc__.split("\n")[0])
   parser.add_argument("workdir", metavar="WORKDIR", help="a run directory (nsl.launch --workdir)")
   argv = [parser.parse_args(sys.argv[1:] if argv is None else argv).workdir]
-  path = os.path.join(argv[0], "result.json")
+  from nsl import storage
+
+  with tempfile.TemporaryDirectory() as tmp:  # a gs:// run's records are read from copies here
+    records = storage.Records(argv[0], local=tmp)
+    if records.remote:
+      storage.check_bucket(argv[0], "WORKDIR")
+      records.pull()
+    curve = _report(argv[0], records.local)
+    if curve and records.remote:
+      remote = storage.join(argv[0], "loss_curve.png")
+      storage.upload(curve, remote)
+      curve = remote
+  if curve:
+    print(f"loss curve: {curve}")
+  return 0
+
+
+def _report(workdir: str, local: str) -> str | None:
+  """Prints the outcome from `local` (the run directory or a copy of its records); the loss
+  curve's path, drawn there."""
+  path = os.path.join(local, "result.json")
   if not os.path.exists(path):
-    raise DataError(f"{path} does not exist: has the run in {argv[0]} finished?")
+    raise DataError(f"{path if local == workdir else workdir + '/result.json'} does not exist: "
+                    f"has the run in {workdir} finished?")
   with open(path) as f:
     r = json.load(f)
-  print(f"run:        {argv[0]} ({r['family']}/{r['variant']}, status {r['status']})")
+  print(f"run:        {workdir} ({r['family']}/{r['variant']}, status {r['status']})")
   print(f"parameters: {r['params_total']:,} ({r['params_non_embedding']:,} non-embedding)")
   print(f"trained:    {r['steps']} steps, {r['tokens']:,} tokens, {r['wall_time_sec']:.0f} s")
   val, uni = r.get("eval", {}).get("val"), r.get("unigram_entropy_nats")
@@ -34,10 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"state:      {r['state_sha256']}")
   from nsl import plots
 
-  curve = plots.loss_curve(argv[0])
-  if curve:
-    print(f"loss curve: {curve}")
-  return 0
+  return plots.loss_curve(local)
 
 
 if __name__ == "__main__":

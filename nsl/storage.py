@@ -291,10 +291,12 @@ class Records:
   FILES = ("config.json", "metrics.jsonl", "result.json", "wandb_run_id")
   FOLDERS = ("tb", "profile")  # TensorBoard events, jax.profiler traces
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, local: str | None = None):
+    """`local`: another local directory than the trainer's cache (a reader must not replace the
+    files a trainer of the same run on this host has open)."""
     self.workdir = resolve(workdir)
     self.remote = is_remote(self.workdir)
-    self.local = cache_dir("runs", self.workdir) if self.remote else self.workdir
+    self.local = (local or cache_dir("runs", self.workdir)) if self.remote else self.workdir
 
   def pull(self) -> None:
     if not self.remote:

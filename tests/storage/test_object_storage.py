@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from nsl import checkpoint, launch, procs, storage
+from nsl import checkpoint, launch, procs, report, storage
 from nsl.evals import nll
 from nsl.errors import NslError
 from tests.helpers import ROOT, SUBPROCESS_XLA_FLAGS, make_corpus
@@ -107,6 +107,8 @@ def test_gs_run_killed_during_an_async_save_resumes_to_the_bits_of_a_local_run(g
   # The data was read from the bucket: the run's copy of it is in the cache, shard for shard.
   cached = storage.cache_dir("data", gs_data)
   assert sorted(os.listdir(cached)) == sorted(os.listdir(local_data))
+  # nsl.report reads the records from the bucket and puts the loss curve beside them.
+  assert report.main([run]) == 0 and storage.isfile(f"{run}/loss_curve.png")
   # An evaluation reads the run from the bucket and merges its figures into the bucket's result.json.
   assert nll.main([f"--workdir={run}", "--max_batches=1"]) == 0
   merged = _records(run, "result.json")
