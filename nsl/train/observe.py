@@ -12,7 +12,7 @@ import os
 import secrets
 from typing import Any
 
-from nsl.errors import ConfigError
+from nsl.errors import ConfigError, NslError
 
 WANDB_MODES = ("", "online", "offline", "disabled")
 WANDB_ID_FILE = "wandb_run_id"  # in the workdir: a resumed run continues the same W&B run
@@ -111,9 +111,13 @@ class WandbSink:
       run_id = secrets.token_hex(4)  # W&B ids are letters and digits; 8 hex digits as wandb's own
       with open(id_path, "w", encoding="utf-8") as f:
         f.write(run_id + "\n")
-    self.run = wandb.init(project=log.wandb_project, name=log.wandb_name or os.path.basename(workdir),
-                          entity=log.get("wandb_entity") or None, mode=log.get("wandb_mode") or None,
-                          dir=workdir, config=config_dict, id=run_id, resume="allow")
+    try:
+      self.run = wandb.init(project=log.wandb_project, name=log.wandb_name or os.path.basename(workdir),
+                            entity=log.get("wandb_entity") or None, mode=log.get("wandb_mode") or None,
+                            dir=workdir, config=config_dict, id=run_id, resume="allow")
+    except Exception as e:  # no network, no login, a bad entity: wandb's own words, on one line
+      raise NslError(f"W&B did not start a run ({type(e).__name__}: {e}); log in with `wandb login`, or "
+                     "set config.log.wandb_mode=offline (sync later) or config.log.wandb=false") from e
 
   def log(self, step: int, record: dict[str, Any]) -> None:
     self.run.log(record, step=step)
