@@ -83,3 +83,36 @@ def write_result(result: dict, out: str, plot) -> dict:
   with open(out, "w") as f:
     json.dump(result, f, indent=1)
   return result
+
+
+def forward_fn(family):
+  """(params, tokens [B, T+1], segment [B, T+1]) -> next-token logits [B, T, V]: `Family.token_logits`."""
+  return lambda p, tok, seg: family.token_logits(p, {"tokens": tok, "segment": seg})
+
+
+def make_scorer(family, config):
+  """The jitted (params, tokens [B, T+1], segment [B, T+1]) -> (log-probability of each next
+  token [B, T], whether it is the argmax [B, T]) that `nsl.evals.lm_eval_model.NslLM` batches requests through;
+  built once, it scores any parameters of the family's shapes without compiling again."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+
+  from nsl import sharding
+
+  seq_len, rules = int(config.data.seq_len), sharding.rules(config)
+  forward = forward_fn(family)
+
+  @jax.jit
+  def score(p, tok_BT1, seg_BT1):
+    with nn.logical_axis_rules(rules):
+      logits = forward(p, tok_BT1, seg_BT1)
+    if logits.ndim != 3 or logits.shape[:2] != (tok_BT1.shape[0], seq_len):
+      raise NslError(f"family {config.family!r} returned logits of shape {logits.shape}; its "
+                     "Family.token_logits(params, batch) must return [B, T, V]")
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    targets = tok_BT1[:, 1:]
+    lp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return lp, jnp.argmax(logits, axis=-1) == targets
+
+  return score

@@ -67,13 +67,13 @@ def _nll(spec: dict, ctx: Context) -> Evaluator:
 
 def _zeroshot(spec: dict, ctx: Context) -> Evaluator:
   from nsl.data import prepare, tokenizers
-  from nsl.evals import zeroshot, zeroshot_tasks
+  from nsl.evals import common, zeroshot, zeroshot_tasks
 
   limit = spec["limit"] or None
   zeroshot_tasks.read_examples(spec["data"], spec["task"], limit)  # a malformed file fails now
   manifest = prepare.load_manifest(ctx.own_dir)
   tokenizer = tokenizers.load_tokenizer(manifest["tokenizer"], ctx.own_dir)
-  scorer = zeroshot.make_scorer(ctx.family, ctx.config)
+  scorer = common.make_scorer(ctx.family, ctx.config)
 
   def evaluate(params):
     loglik = zeroshot.make_loglik(ctx.family, params, ctx.config, tokenizer, int(manifest["eos_id"]),

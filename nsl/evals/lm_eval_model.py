@@ -62,7 +62,7 @@ def _batch_size(value) -> int:
 class NslLM(TemplateLM):
   """The harness's model interface over a run directory (`run`, as `--model_args run=RUN_DIR`) or
   a loaded run's pieces (config, family, params, tokenizer, eos_id; `scorer` a
-  `nsl.evals.zeroshot.make_scorer` to reuse)."""
+  `nsl.evals.common.make_scorer` to reuse)."""
 
   def __init__(self, run: str | None = None, *, data: str | None = None, batch_size=DEFAULT_BATCH_SIZE,
                max_gen_toks=256, seed=0, config=None, family=None, params=None, tokenizer=None,
@@ -113,12 +113,12 @@ class NslLM(TemplateLM):
 
   # -- scoring ------------------------------------------------------------------------------------
   def _scorer(self):
-    """`nsl.evals.zeroshot.make_scorer`'s jitted forward (log p and greedy of each next token),
+    """`nsl.evals.common.make_scorer`'s jitted forward (log p and greedy of each next token),
     built on first use; on a mesh the batch grows to a multiple of its data-parallel devices."""
     from nsl.evals.nll import mesh_of
 
     if self._score is None:
-      from nsl.evals.zeroshot import make_scorer
+      from nsl.evals.common import make_scorer
 
       self._score = make_scorer(self.family, self.config)
     if self.mesh is None and (mesh := mesh_of(self.params)) is not None:

@@ -37,39 +37,6 @@ def encode_pair(tokenizer, context: str, continuation: str, eos_id: int) -> tupl
   return context_ids, whole[len(context_ids):]
 
 
-def forward_fn(family):
-  """(params, tokens [B, T+1], segment [B, T+1]) -> next-token logits [B, T, V]: `Family.token_logits`."""
-  return lambda p, tok, seg: family.token_logits(p, {"tokens": tok, "segment": seg})
-
-
-def make_scorer(family, config):
-  """The jitted (params, tokens [B, T+1], segment [B, T+1]) -> (log-probability of each next
-  token [B, T], whether it is the argmax [B, T]) that `make_loglik` batches requests through;
-  built once, it scores any parameters of the family's shapes without compiling again."""
-  import flax.linen as nn
-  import jax
-  import jax.numpy as jnp
-
-  from nsl import sharding
-
-  seq_len, rules = int(config.data.seq_len), sharding.rules(config)
-  forward = forward_fn(family)
-
-  @jax.jit
-  def score(p, tok_BT1, seg_BT1):
-    with nn.logical_axis_rules(rules):
-      logits = forward(p, tok_BT1, seg_BT1)
-    if logits.ndim != 3 or logits.shape[:2] != (tok_BT1.shape[0], seq_len):
-      raise NslError(f"family {config.family!r} returned logits of shape {logits.shape}; its "
-                     "Family.token_logits(params, batch) must return [B, T, V]")
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    targets = tok_BT1[:, 1:]
-    lp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    return lp, jnp.argmax(logits, axis=-1) == targets
-
-  return score
-
-
 def make_loglik(family, params, config, tokenizer, eos_id: int, batch_size: int = 16, scorer=None):
   """The run as lm-eval's model (`NslLM`), callable as the `loglik(requests) -> [(summed logprob,
   all greedy)]` of `score_task` (`scorer`: a `make_scorer` of this family to reuse; default a new one)."""
