@@ -301,10 +301,15 @@ class Records:
   def pull(self) -> None:
     if not self.remote:
       return
+    names = set(listdir(self.workdir))
+    if not names & set(self.FILES):  # a new run at this URL: nothing of an earlier one goes up
+      import shutil
+
+      shutil.rmtree(self.local, ignore_errors=True)
     os.makedirs(self.local, exist_ok=True)
     for name in self.FILES:
       src = join(self.workdir, name)
-      if exists(src):
+      if name in names:
         download(src, os.path.join(self.local, name))
       elif os.path.exists(os.path.join(self.local, name)):
         os.remove(os.path.join(self.local, name))  # a stale copy of another run at this URL
