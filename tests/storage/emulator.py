@@ -27,6 +27,18 @@ def _binary() -> str:
   return str(_server._get_binary_path())
 
 
+def _die_with_parent() -> None:
+  """Linux: the server gets SIGTERM when the process that started it dies (a test run killed by a
+  timeout leaves no server behind)."""
+  try:
+    import ctypes
+    import signal
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+  except OSError:
+    pass
+
+
 class Emulator:
   """`with Emulator() as emu:` a running server at `emu.url` (no environment is changed)."""
 
@@ -38,7 +50,8 @@ class Emulator:
     self._log = tempfile.NamedTemporaryFile(prefix="fake-gcs-", suffix=".log", delete=False)
     self.proc = subprocess.Popen([_binary(), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
                                   "-port", str(self.port), "-log-level", "warn"],
-                                 stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                 stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 preexec_fn=_die_with_parent)
     deadline = time.time() + 20
     while True:
       try:
