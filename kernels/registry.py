@@ -26,6 +26,7 @@ import dataclasses
 import importlib
 from typing import Callable, Iterator
 
+import jax
 from jax._src import config as jax_config
 
 from nsl.errors import ConfigError
@@ -190,6 +191,13 @@ def use(cpu_kernels: bool = True):
   """A context manager: while in force, `cpu_kernels=False` leaves every C++ CPU kernel out of
   `pick` (the `model.cpu_kernels` switch), so what is traced meanwhile runs the XLA paths."""
   return _CPU_KERNELS(bool(cpu_kernels))
+
+
+def set_default(cpu_kernels: bool) -> None:
+  """The process-wide setting (`use` overrides it within a block): what a command that loads a
+  run (`nsl.runs.load_run`: generation, evaluations, decoding benchmarks) sets from the run's
+  `model.cpu_kernels`, so it decodes and scores on the kernels the run trained with."""
+  jax.config.update("nsl_cpu_kernels", bool(cpu_kernels))
 
 
 def cpu_kernels() -> bool:

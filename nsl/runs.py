@@ -41,7 +41,10 @@ def load_run(workdir: str, flag: str = "--workdir"):
   from nsl import checkpoint
   from nsl.models import registry
 
+  from nsl.kernels import registry as kernels
+
   config = load_config(workdir)
+  kernels.set_default(config.model.get("cpu_kernels", True))  # what the run trained with holds for its readers
   family = registry.get_family(config)
   params, _ = checkpoint.restore_params(workdir, abstract_train_state(config, family), flag=flag)
   return config, family, params

@@ -147,3 +147,22 @@ def test_the_head_follows_the_switch():
       off = lowered()
   assert cpu_calls(on) == (["nsl_head_cpu"] if jax.default_backend() == "cpu" else []) and cpu_calls(off) == []
   assert picks.chosen["head"] == (["head_cpu", "xla"] if cpu_calls(on) else ["xla"])
+
+
+def test_a_run_trained_without_the_cpu_kernels_is_read_without_them(tmp_path):
+  """`runs.load_run` (generation, evaluations, decoding benchmarks) sets the run's switch for the
+  process, so its readers trace what it trained with."""
+  from nsl import runs
+  from nsl.train import loop
+  from tests.helpers import make_corpus, tiny_config
+
+  data = make_corpus(str(tmp_path / "corpus"), n=4, chars=2000)
+  workdir = str(tmp_path / "run")
+  overrides = {"train.steps": 2, "train.warmup_steps": 1, "train.decay_steps": 1, "model.cpu_kernels": False}
+  loop.Trainer(tiny_config(data, **overrides), workdir, progress=False).run()
+  try:
+    assert registry.cpu_kernels()
+    runs.load_run(workdir)
+    assert not registry.cpu_kernels()
+  finally:
+    registry.set_default(True)
