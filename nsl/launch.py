@@ -84,8 +84,9 @@ def check_workdir(workdir: str) -> str:
   return path
 
 
-RUN_ENTRIES = {"config.json", "metrics.jsonl", "result.json", "checkpoints", "tb", ".nsl.lock",
-               "profile", "wandb_run_id"}
+# What only a prefix that nsl.launch wrote holds; beside them a run may hold anything (its
+# evaluations' outputs, nsl.report's loss_curve.png).
+RUN_MARKS = {"config.json", "metrics.jsonl", "checkpoints", ".nsl.lock"}
 
 
 def check_remote_workdir(workdir: str) -> str:
@@ -103,7 +104,7 @@ def check_remote_workdir(workdir: str) -> str:
   if storage.basename(path) == "checkpoints" and storage.isfile(storage.join(storage.dirname(path), "config.json")):
     raise ConfigError(f"--workdir={workdir} is the checkpoints directory of a run; pass the run directory "
                       f"{storage.dirname(path)} instead")
-  foreign = sorted(n for n in names if n not in RUN_ENTRIES)
+  foreign = sorted(names) if names and not names & RUN_MARKS else []
   if foreign:
     raise ConfigError(f"--workdir={workdir} holds objects nsl did not write ({', '.join(foreign[:3])}"
                       f"{', ...' if len(foreign) > 3 else ''}); choose a new prefix for the run")

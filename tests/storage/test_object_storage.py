@@ -109,6 +109,7 @@ def test_gs_run_killed_during_an_async_save_resumes_to_the_bits_of_a_local_run(g
   assert sorted(os.listdir(cached)) == sorted(os.listdir(local_data))
   # nsl.report reads the records from the bucket and puts the loss curve beside them.
   assert report.main([run]) == 0 and storage.isfile(f"{run}/loss_curve.png")
+  assert launch.check_remote_workdir(run) == run  # still a run to rerun, with the report's picture in it
   # An evaluation reads the run from the bucket and merges its figures into the bucket's result.json.
   assert nll.main([f"--workdir={run}", "--max_batches=1"]) == 0
   merged = _records(run, "result.json")
