@@ -16,8 +16,9 @@ from nsl import hf, hf_tokenizer, runs
 from nsl.data import prepare, tokenizers
 from tests.helpers import ROOT, fake_run, sotu_texts, tiny_config
 
+# The [hf] extra (make install brings it): without it these fail at import, not skip.
 transformers = hf.import_transformers()
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402
 SAMPLE = "The Congress of 1790 — naïve café, 日本!\n  Peace,  and  trade's law."
 
 
