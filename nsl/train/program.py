@@ -51,21 +51,23 @@ class Program:
     self.batch_sharding = sharding.batch_sharding(self.mesh)
     repl = sharding.replicated(self.mesh)
     step_fn = train_step_lib.make_train_step(self.family, self.optimizer, self.schedule, t.grad_accum)
-    self._train_fn = self._with_rules(step_fn)
+    self._train_fn = self._with_rules(step_fn, "train_step")
     self.train_step = jax.jit(self._train_fn, in_shardings=(self.state_sharding, self.batch_sharding, repl),
                               out_shardings=(self.state_sharding, repl), donate_argnums=(0,))
-    self.eval_step = jax.jit(self._with_rules(train_step_lib.make_eval_step(self.family)),
+    self.eval_step = jax.jit(self._with_rules(train_step_lib.make_eval_step(self.family), "eval_step"),
                              in_shardings=(self.state_sharding.params, self.batch_sharding), out_shardings=repl)
     init = lambda r: train_state.create(nn.unbox(self.family.init(r)), self.optimizer)
-    self.init = jax.jit(self._with_rules(init), out_shardings=self.state_sharding)
+    self.init = jax.jit(self._with_rules(init, "init_state"), out_shardings=self.state_sharding)
 
-  def _with_rules(self, fn):
-    """`fn` traced under the config's logical axis rules and kernel switch (`model.cpu_kernels`)."""
+  def _with_rules(self, fn, name: str):
+    """`fn` traced under the config's logical axis rules and kernel switch (`model.cpu_kernels`),
+    named `name` so a profile (`train.profile_steps`) and the compiled module say which step it is."""
     cpu_kernels = self.config.model.get("cpu_kernels", True)
 
     def wrapped(*args):
       with nn.logical_axis_rules(self.rules), kernel_registry.use(cpu_kernels=cpu_kernels):
         return fn(*args)
+    wrapped.__name__ = wrapped.__qualname__ = name
     return wrapped
 
   def mesh_context(self):
