@@ -205,12 +205,19 @@ def _split_refs(refs, names):
   return out, refs
 
 
-def _fwd_kernel(index_ref, q_ref, k_ref, v_ref, *refs, plan: _Plan, dyn_names, scale):
-  static, dyn = plan.static_fields, dyn_names
+def _meta_refs(refs, static, dyn):
+  """The slot-metadata refs each kernel takes after its arrays: q's and k's static fields, then
+  q's and k's per-call ones; returns (qs, ks, qd, kd, the kernel's output refs)."""
   qs_refs, refs = _split_refs(refs, static)
   ks_refs, refs = _split_refs(refs, static)
   qd_refs, refs = _split_refs(refs, dyn)
   kd_refs, refs = _split_refs(refs, dyn)
+  return qs_refs, ks_refs, qd_refs, kd_refs, refs
+
+
+def _fwd_kernel(index_ref, q_ref, k_ref, v_ref, *refs, plan: _Plan, dyn_names, scale):
+  static, dyn = plan.static_fields, dyn_names
+  qs_refs, ks_refs, qd_refs, kd_refs, refs = _meta_refs(refs, static, dyn)
   o_ref, lse_ref = refs
   bq, bk = plan.block_q, plan.block_k
 
@@ -249,10 +256,7 @@ def _fwd_kernel(index_ref, q_ref, k_ref, v_ref, *refs, plan: _Plan, dyn_names, s
 def _dq_kernel(index_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: _Plan,
                dyn_names, scale):
   static, dyn = plan.static_fields, dyn_names
-  qs_refs, refs = _split_refs(refs, static)
-  ks_refs, refs = _split_refs(refs, static)
-  qd_refs, refs = _split_refs(refs, dyn)
-  kd_refs, refs = _split_refs(refs, dyn)
+  qs_refs, ks_refs, qd_refs, kd_refs, refs = _meta_refs(refs, static, dyn)
   (dq_ref,) = refs
   bq, bk = plan.block_q, plan.block_k
 
@@ -284,10 +288,7 @@ def _dq_kernel(index_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs
 def _dkv_kernel(index_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan: _Plan,
                 dyn_names, scale):
   static, dyn = plan.static_fields, dyn_names
-  qs_refs, refs = _split_refs(refs, static)
-  ks_refs, refs = _split_refs(refs, static)
-  qd_refs, refs = _split_refs(refs, dyn)
-  kd_refs, refs = _split_refs(refs, dyn)
+  qs_refs, ks_refs, qd_refs, kd_refs, refs = _meta_refs(refs, static, dyn)
   dk_ref, dv_ref = refs
   bq, bk = plan.block_q, plan.block_k
 
