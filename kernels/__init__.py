@@ -3,7 +3,11 @@ the CPU head and decode kernels), the registry that chooses among them (`registr
 
 from __future__ import annotations
 
+import functools
+
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 BATCH_AXES = ("data", "fsdp")
 HEAD_AXIS = "tensor"
@@ -43,3 +47,28 @@ def shard_over_mesh(local, mesh, q, k, v, seg):
   fn = jax.shard_map(local, mesh=mesh, in_specs=(x_spec, x_spec, x_spec, seg_spec),
                      out_specs=(x_spec, P(batch, head, None)), check_vma=False)
   return fn(q, k, v, seg)
+
+
+def head_with_forward_grads(parts):
+  """The fused head + cross-entropy as a custom VJP, (h [N, D], E [V, D], targets [N], weights [N],
+  scale) -> (weighted mean NLL, weight sum), from `parts(..., grads) -> (loss, weight, dL/dh,
+  dL/dE)`. The gradients are formed in the forward pass, since the loss ends the graph
+  (nsl/nn/cross_entropy.py), so the backward pass only scales them by the loss's cotangent;
+  targets and weights are data (zero gradients). Shared by the XLA scan and the C++ CPU kernel."""
+
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+  def head(h_ND, embedding_VD, targets_N, weights_N, scale):
+    return parts(h_ND, embedding_VD, targets_N, weights_N, scale, grads=False)[:2]
+
+  def fwd(h_ND, embedding_VD, targets_N, weights_N, scale):
+    loss, weight, d_h, d_e = parts(h_ND, embedding_VD, targets_N, weights_N, scale, grads=True)
+    return (loss, weight), (d_h.astype(h_ND.dtype), d_e.astype(embedding_VD.dtype), targets_N, weights_N)
+
+  def bwd(scale, res, cts):
+    d_h, d_e, targets_N, weights_N = res
+    g_loss, _ = cts  # the weight sum does not depend on h or E
+    return (g_loss * d_h).astype(d_h.dtype), (g_loss * d_e).astype(d_e.dtype), \
+        np.zeros(targets_N.shape, jax.dtypes.float0), jnp.zeros_like(weights_N)
+
+  head.defvjp(fwd, bwd)
+  return head

@@ -15,13 +15,12 @@ products in the register-blocked micro-kernel (docs/benchmarks.md#profiles).
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsl.kernels import cpu_build, one_cpu_device
+from nsl.kernels import cpu_build, head_with_forward_grads, one_cpu_device
 
 TARGET = "nsl_head_cpu"  # registered by cpu_build
 
@@ -69,21 +68,4 @@ def _call(h_ND, embedding_VD, targets_N, weights_N, scale, grads: bool):
   return loss, weight, d_h, d_e
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _head(h_ND, embedding_VD, targets_N, weights_N, scale):
-  return _call(h_ND, embedding_VD, targets_N, weights_N, scale, grads=False)[:2]
-
-
-def _head_fwd(h_ND, embedding_VD, targets_N, weights_N, scale):
-  loss, weight, d_h, d_e = _call(h_ND, embedding_VD, targets_N, weights_N, scale, grads=True)
-  return (loss, weight), (d_h.astype(h_ND.dtype), d_e.astype(embedding_VD.dtype), targets_N, weights_N)
-
-
-def _head_bwd(scale, res, cts):
-  d_h, d_e, targets_N, weights_N = res
-  g_loss, _ = cts  # the weight sum does not depend on h or E
-  return (g_loss * d_h).astype(d_h.dtype), (g_loss * d_e).astype(d_e.dtype), \
-      np.zeros(targets_N.shape, jax.dtypes.float0), jnp.zeros_like(weights_N)
-
-
-_head.defvjp(_head_fwd, _head_bwd)
+_head = head_with_forward_grads(_call)

@@ -6,15 +6,13 @@ picks)."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
-from nsl.kernels import head_cpu, registry
+from nsl.kernels import head_cpu, head_with_forward_grads, registry
 
 
 def next_token_targets(batch: dict[str, Any]):
@@ -71,11 +69,6 @@ def head_cross_entropy(h_ND, embedding_VD, targets_N, weights_N, scale: float = 
   return _head_ce(h_ND, embedding_VD, targets_N, weights_N, scale)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _head_ce(h_ND, embedding_VD, targets_N, weights_N, scale):
-  return _head_ce_parts(h_ND, embedding_VD, targets_N, weights_N, scale, grads=False)[:2]
-
-
 def _head_ce_parts(h_ND, embedding_VD, targets_N, weights_N, scale, grads: bool = True):
   """(loss, weight, dloss/dh, dloss/dE); without `grads` only the first two (one matmul a chunk)."""
   n, d = h_ND.shape
@@ -106,16 +99,4 @@ def _head_ce_parts(h_ND, embedding_VD, targets_N, weights_N, scale, grads: bool 
   return (loss, weight, d_h.reshape(n + pad, d)[:n], d_e) if grads else (loss, weight, None, None)
 
 
-def _head_ce_fwd(h_ND, embedding_VD, targets_N, weights_N, scale):
-  loss, weight, d_h, d_e = _head_ce_parts(h_ND, embedding_VD, targets_N, weights_N, scale)
-  return (loss, weight), (d_h.astype(h_ND.dtype), d_e.astype(embedding_VD.dtype), targets_N, weights_N)
-
-
-def _head_ce_bwd(scale, res, cts):
-  d_h, d_e, targets_N, weights_N = res
-  g_loss, _ = cts  # the weight sum does not depend on h or E
-  return (g_loss * d_h).astype(d_h.dtype), (g_loss * d_e).astype(d_e.dtype), \
-      np.zeros(targets_N.shape, jax.dtypes.float0), jnp.zeros_like(weights_N)
-
-
-_head_ce.defvjp(_head_ce_fwd, _head_ce_bwd)
+_head_ce = head_with_forward_grads(_head_ce_parts)
