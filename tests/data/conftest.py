@@ -25,7 +25,7 @@ def make_corpus(root, num_docs: int = 30, seed: int = 0) -> list[str]:
   return texts
 
 
-@pytest.fixture(name="make_corpus")
+@pytest.fixture(name="make_corpus", scope="session")
 def make_corpus_fixture():
   """The corpus writer itself, for tests that need their own corpus."""
   return make_corpus

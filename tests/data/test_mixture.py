@@ -16,10 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory, corpus):
+def dirs(tmp_path_factory, corpus, make_corpus):
   """Two byte dirs of different text (the corpus, and another corpus) and their mixture spec."""
-  from conftest import make_corpus  # pylint: disable=import-outside-toplevel
-
   root = tmp_path_factory.mktemp("mix")
   other = root / "other_corpus"
   make_corpus(str(other), num_docs=40, seed=9)
