@@ -189,7 +189,10 @@ class Checkpointer:
 
 def restore_params(path: str, abstract_state, flag: str = "--restore_from"):
   """Parameters of the latest checkpoint under `path` (a run's workdir or its checkpoints dir).
-  `flag` is the command-line option that named `path`, for the error messages."""
+  `flag` is the command-line option that named `path`, for the error messages. A reader of a run
+  (an evaluation, `--workdir`) falls back past a damaged newest step with one warning; a new run
+  started `--restore_from` it does not: it would train from weights other than the ones named, so
+  that is one error line saying which step is damaged and which is intact."""
   directory = path if storage.basename(path) == "checkpoints" else storage.join(path, "checkpoints")
   storage.check_bucket(path, flag)
   if not storage.isdir(directory):
@@ -200,21 +203,29 @@ def restore_params(path: str, abstract_state, flag: str = "--restore_from"):
     steps = sorted(manager.all_steps(), reverse=True)
     if not steps:
       raise NslError(f"{flag}={path!r}: no complete checkpoint in {directory}")
-    mismatch = None
+    mismatch, first_failure = None, None
     for step in steps:  # the newest that restores; a damaged one is skipped with a warning
       try:
         restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
+        if step != steps[0] and flag == "--restore_from":
+          newest = storage.join(directory, str(steps[0]))
+          raise NslError(f"{flag}={path!r}: its newest checkpoint {newest} is damaged "
+                         f"({first_failure}); step {step} is intact: move {newest} "
+                         "aside to start from it")
         if mismatch is not None:  # an older step fits this model, so the newer one was damage
           warn(f"{flag}: checkpoint {storage.join(directory, str(mismatch[0]))} is damaged ({mismatch[1]}); "
                f"used step {step}")
         return restored["state"].params, step
+      except NslError:
+        raise
       except Exception as e:
         reason = f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
+        first_failure = first_failure or reason
         # Without its _METADATA Orbax reads a step's tree as a different structure: damage, not
         # another architecture.
         if _is_shape_mismatch(e) and storage.isfile(storage.join(directory, str(step), "state", "_METADATA")):
           mismatch = mismatch or (step, reason)
-        else:
+        elif flag != "--restore_from":  # there, an older intact step is the error above
           warn(f"{flag}: checkpoint {storage.join(directory, str(step))} is damaged ({reason}); trying an older one")
     if mismatch is not None:
       raise NslError(f"{flag}={path!r}: checkpoint step {mismatch[0]} does not match this model "

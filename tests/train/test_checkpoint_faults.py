@@ -60,18 +60,23 @@ def test_resume_under_another_family_says_the_family_changed(finished, tmp_path,
   assert "('standard')" in errors[0], errors
 
 
-def test_restore_from_a_truncated_manifest_warns_once_and_prints_nothing_else(finished, tmp_path):
-  """The resume path is covered in test_recovery; this is --restore_from's (restore_params) in a
-  fresh process, where Python's own 'Exception ignored' tracebacks would reach stderr."""
+def test_a_truncated_manifest_is_one_line_for_a_reader_and_for_restore_from(finished, tmp_path):
+  """The resume path is covered in test_recovery; this is restore_params in a fresh process, where
+  Python's own 'Exception ignored' tracebacks would reach stderr: a reader (--workdir) falls back
+  with one warning, --restore_from refuses (an NslError: one line from the CLI) and prints nothing."""
   workdir = _copy(finished[1], tmp_path)
   open(os.path.join(workdir, "checkpoints", "6", "state", "manifest.ocdbt"), "r+b").truncate(10)
-  code = ("import gc, sys; from nsl import checkpoint, runs; from nsl.models import registry\n"
-          f"c = runs.load_config({workdir!r}); f = registry.get_family(c)\n"
-          f"_, step = checkpoint.restore_params({workdir!r}, runs.abstract_train_state(c, f)); gc.collect()\n"
-          "print('step', step)\n")
+  code = ("import gc, sys; from nsl import checkpoint, runs; from nsl.errors import NslError\n"
+          "from nsl.models import registry\n"
+          f"c = runs.load_config({workdir!r}); a = runs.abstract_train_state(c, registry.get_family(c))\n"
+          f"_, step = checkpoint.restore_params({workdir!r}, a, flag='--workdir'); gc.collect()\n"
+          "print('step', step)\n"
+          f"try:\n  checkpoint.restore_params({workdir!r}, a)\n"
+          "except NslError as e:\n  print('refused', 'step 3 is intact' in str(e))\n"
+          "gc.collect()\n")
   proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                         env=dict(os.environ, XLA_FLAGS=SUBPROCESS_XLA_FLAGS))
-  assert proc.returncode == 0 and proc.stdout.split() == ["step", "3"], proc.stderr[-3000:]
+  assert proc.returncode == 0 and proc.stdout.split() == ["step", "3", "refused", "True"], proc.stderr[-3000:]
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
-  assert len(lines) == 1 and lines[0].startswith("nsl: warning: --restore_from: checkpoint") \
+  assert len(lines) == 1 and lines[0].startswith("nsl: warning: --workdir: checkpoint") \
       and "checkpoints/6 is damaged" in lines[0] and "used step 3" in lines[0], lines

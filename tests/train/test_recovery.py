@@ -120,13 +120,19 @@ def test_every_checkpoint_damaged_is_one_line_naming_the_directory(data_dir, fin
   assert len(errors) == 1 and f"every checkpoint in {workdir}/checkpoints is damaged" in errors[0], errors
 
 
-def test_restore_from_a_damaged_run_uses_its_newest_complete_step(data_dir, finished, tmp_path, capfd):
+def test_restore_from_a_damaged_run_is_one_line_and_a_reader_falls_back(data_dir, finished, tmp_path, capfd):
+  """--restore_from a run whose newest step is damaged: one error naming it and the intact step
+  (a new run must not start from weights other than the ones named); a reader of the run
+  (`--workdir` of an evaluation) uses the newest intact step with one warning."""
   source = _copy(finished, tmp_path, "source")
   os.remove(_largest_array_file(os.path.join(source, "checkpoints", "6")))
   capfd.readouterr()
   from nsl import checkpoint
   trainer = _trainer(kernel_config(data_dir), tmp_path / "new", restore_from=source)
-  _, step = checkpoint.restore_params(source, trainer.abstract_state)
+  with pytest.raises(NslError, match=r"newest checkpoint .*checkpoints/6 is damaged .* step 3 is intact"):
+    checkpoint.restore_params(source, trainer.abstract_state)
+  assert not [l for l in capfd.readouterr().err.splitlines() if l.startswith("nsl: warning")]
+  _, step = checkpoint.restore_params(source, trainer.abstract_state, flag="--workdir")
   warnings = [l for l in capfd.readouterr().err.splitlines() if l.startswith("nsl: warning")]
   assert step == 3 and len(warnings) == 1 and "checkpoints/6 is damaged" in warnings[0], warnings
 
