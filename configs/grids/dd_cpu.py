@@ -8,7 +8,8 @@ multipliers (logits × 1/sqrt(m), attention q·k·sqrt(64)/d_head) and base LRs 
 decoder-only 0.01, weight decay 0.5) at d = 128 (2 heads) and d = 192 (3 heads: the paper's 6.25M
 width, heads d/64), trained 400 steps (819k tokens) with the paper's schedule (5% warmup, linear
 decay to 10% of the peak over the rest). Its first run (before the authors' models) is in git
-history; this grid is to be rerun (cost per cell: docs/xcheck/dd.md).
+history; the rerun with the authors' models is on docs/papers/double_decoder.md#cpu-scale (1.4-4.3
+CPU-minutes a cell).
 
 SED's validation NLL is per original token (`SEDFamily.eval_nll`: the decoder's CE at targets
 that are corrupted text tokens, sentinels left out), so all three are nats per text token; SED
