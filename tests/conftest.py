@@ -23,3 +23,11 @@ if os.environ.get("NSL_TEST_JAX_CACHE", "1") != "0":
 SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
+
+
+def pytest_collection_modifyitems(items):
+  """Files holding end-to-end tests (marked slow) go first, each file kept whole: `make test`'s two
+  workers take files in collection order, and the longest (the documented tiny grid, minutes) ran
+  last, alone, while the other worker idled."""
+  slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+  items.sort(key=lambda item: item.path not in slow_files)
