@@ -35,9 +35,14 @@ def test_torch_python_that_does_not_exist_is_a_one_line_error(capsys):
   assert len(err) == 1 and "--torch_python='/no/such/python': no such executable" in err[0]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="this interpreter has torch")
+# The interpreter the venv was made from: no torch there (the [hf] extra installs it into the venv).
+BASE_PYTHON = os.path.join(sys.base_prefix, "bin", "python3")
+# A Python with torch for the side-by-side run: $NSL_TORCH_PYTHON, else this one when it has torch.
+TORCH_PYTHON = os.environ.get("NSL_TORCH_PYTHON") or (sys.executable if importlib.util.find_spec("torch") else None)
+
+
 def test_torch_python_without_torch_says_how_to_fix_it(capsys):
-  assert bench_attention.main(["--tokens=128", "--rules=causal", f"--torch_python={sys.executable}"]) == 2
+  assert bench_attention.main(["--tokens=128", "--rules=causal", f"--torch_python={BASE_PYTHON}"]) == 2
   err = capsys.readouterr().err
   assert "cannot import torch" in err and "pip install torch" in err
 
@@ -48,10 +53,10 @@ def test_torch_python_needs_the_causal_chunked_float32_case(capsys):
   assert "keep 'causal' in --rules" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not os.environ.get("NSL_TORCH_PYTHON"), reason="set NSL_TORCH_PYTHON to a Python with torch")
+@pytest.mark.skipif(TORCH_PYTHON is None, reason="no torch here: pip install '.[hf]' or set NSL_TORCH_PYTHON")
 def test_against_torch_alternates_rounds(capsys):
   argv = ["--tokens=128", "--rules=causal", "--impls=chunked", "--repeats=1", "--rounds=2",
-          f"--torch_python={os.environ['NSL_TORCH_PYTHON']}"]
+          f"--torch_python={TORCH_PYTHON}"]
   assert bench_attention.main(argv) == 0
   (row,) = _rows(capsys)
   assert len(row["chunked_s_by_round"]) == len(row["torch_sdpa_s_by_round"]) == 2
