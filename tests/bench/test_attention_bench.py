@@ -4,6 +4,7 @@ torch's fused causal SDPA timed in rounds alternating with nsl's chunked path.""
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -41,6 +42,12 @@ BASE_PYTHON = os.path.join(sys.base_prefix, "bin", "python3")
 TORCH_PYTHON = os.environ.get("NSL_TORCH_PYTHON") or (sys.executable if importlib.util.find_spec("torch") else None)
 
 
+def _has_torch(python: str) -> bool:
+  probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is not None)"
+  return subprocess.run([python, "-c", probe], check=False).returncode != 0
+
+
+@pytest.mark.skipif(_has_torch(BASE_PYTHON), reason="the base interpreter has torch too")
 def test_torch_python_without_torch_says_how_to_fix_it(capsys):
   assert bench_attention.main(["--tokens=128", "--rules=causal", f"--torch_python={BASE_PYTHON}"]) == 2
   err = capsys.readouterr().err
