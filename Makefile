@@ -29,10 +29,12 @@ demo: $(STAMP)
 	$(PY) -m nsl.report $(DEMO_DIR)
 
 # Two workers (CI has 2 cores); a test file stays on one worker so its module fixtures run once.
+# Files are handed out in collection order (tests/conftest.py puts the end-to-end ones first), not
+# xdist's largest-file-first, which left the one-test, minutes-long tiny-grid file to run last, alone.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $(VENV)/site
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 # The documentation site (mkdocs.yml, docs/): served with live reload at http://127.0.0.1:8000.
 DOCS_ADDR ?= 127.0.0.1:8000

@@ -27,7 +27,7 @@ if ROOT not in sys.path:
 
 def pytest_collection_modifyitems(items):
   """Files holding end-to-end tests (marked slow) go first, each file kept whole: `make test`'s two
-  workers take files in collection order, and the longest (the documented tiny grid, minutes) ran
-  last, alone, while the other worker idled."""
+  workers take files in collection order (`--no-loadscope-reorder`), and the longest (the documented
+  tiny grid, minutes) ran last, alone, while the other worker idled."""
   slow_files = {item.path for item in items if item.get_closest_marker("slow")}
   items.sort(key=lambda item: item.path not in slow_files)
