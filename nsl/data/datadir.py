@@ -185,7 +185,7 @@ def load_manifest(data_dir: str) -> dict:
   path = storage.join(data_dir, MANIFEST)
   if not storage.isfile(path):
     what = "does not exist" if not storage.isdir(data_dir) else f"has no {MANIFEST}"
-    hint = (f"prepare it locally and copy the directory there (docs/guide/data.md#data-in-object-storage)"
+    hint = ("prepare it locally and copy the directory there (docs/guide/data.md#data-in-object-storage)"
             if storage.is_remote(data_dir) else f"run `python -m nsl.data.prepare --source=... --out={data_dir}` first")
     raise DataError(f"data dir {data_dir} {what}; {hint}")
   manifest = _read_json(path)
