@@ -109,22 +109,13 @@ def solution_tokens(steps) -> list[int]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Countdown:
+class Countdown(planning_dir.PlanningTask, name="countdown", vocab_size=VOCAB_SIZE, eos_id=EOS, answer_token=ANSWER):
   n_train: int = 50_000
   n_test: int = 1_000
   max_num: int = 99
   min_target: int = 10
   max_target: int = 100
   seed: int = 0
-
-  name = "countdown"
-  vocab_size = VOCAB_SIZE
-  eos_id = EOS
-  answer_token = ANSWER
-
-  def params(self) -> dict:
-    return {"n_train": self.n_train, "n_test": self.n_test, "max_num": self.max_num,
-            "min_target": self.min_target, "max_target": self.max_target, "seed": self.seed}
 
   def tokenizer_spec(self) -> dict:
     return {"integers": MAX_INT + 1, "comma": COMMA, "answer": ANSWER, "ops": {str(k): v for k, v in OPS.items()},

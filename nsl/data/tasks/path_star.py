@@ -40,17 +40,12 @@ VOCAB_SIZE = 105
 
 
 @dataclasses.dataclass(frozen=True)
-class PathStar:
+class PathStar(planning_dir.PlanningTask, name="path_star", vocab_size=VOCAB_SIZE, eos_id=EOS, answer_token=ANSWER):
   d: int = 5
   l: int = 5
   n_train: int = 200_000
   n_test: int = 20_000
   seed: int = 0
-
-  name = "path_star"
-  vocab_size = VOCAB_SIZE
-  eos_id = EOS
-  answer_token = ANSWER
 
   def __post_init__(self):
     from nsl.errors import ConfigError
@@ -61,9 +56,6 @@ class PathStar:
       raise ConfigError(f"path_star G_{{{self.d},{self.l}}} has more nodes than {NUM_LABELS} labels")
     if self.n_train < 1 or self.n_test < 1:
       raise ConfigError("path_star needs n_train >= 1 and n_test >= 1")
-
-  def params(self) -> dict:
-    return {"d": self.d, "l": self.l, "n_train": self.n_train, "n_test": self.n_test, "seed": self.seed}
 
   def tokenizer_spec(self) -> dict:
     return {"labels": NUM_LABELS, "sep": SEP, "query": QUERY, "answer": ANSWER, "eos": EOS, "pad": PAD}

@@ -8,16 +8,18 @@ The shard + manifest format of `nsl.data.datadir` (so the trainer reads it uncha
   val_00000.bin        the test documents (so `eval_val_nll` is the test-set loss)
   task_test.npz        prompts [N, P] int32 (left-padded with PAD), answers [N, A] int32
 
-This module takes a task object and never imports the task modules, so their CLIs
+A task is a `PlanningTask`; this module never imports the task modules, so their CLIs
 (`python -m nsl.data.tasks.path_star --out=DIR`) write through it without an import circle;
 `nsl.data.tasks.task_data` builds the task from a source string first.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
+from typing import ClassVar
 
 import numpy as np
 
@@ -26,6 +28,28 @@ from nsl.errors import ArgumentParser, DataError, cli_main
 
 PREFIX = "task:"
 TEST_FILE = "task_test.npz"
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanningTask:
+  """What `write` and the planning evaluator (`nsl.evals.planning`) read of a task: a frozen
+  dataclass whose fields are its integer parameters (`params()`, recorded in the manifest), and
+  its identity, given as class keywords:
+  `class PathStar(PlanningTask, name="path_star", vocab_size=105, eos_id=103, answer_token=102)`.
+  Subclasses add the fields, the layout (`prompt_len`, `doc_len`, `tokenizer_spec`) and the
+  problems (`generate`, `is_correct`)."""
+
+  name: ClassVar[str]
+  vocab_size: ClassVar[int]
+  eos_id: ClassVar[int]
+  answer_token: ClassVar[int]  # the marker ending the loss-masked prompt (`data.answer_token`)
+
+  def __init_subclass__(cls, *, name: str, vocab_size: int, eos_id: int, answer_token: int, **kwargs):
+    super().__init_subclass__(**kwargs)
+    cls.name, cls.vocab_size, cls.eos_id, cls.answer_token = name, vocab_size, eos_id, answer_token
+
+  def params(self) -> dict:
+    return dataclasses.asdict(self)
 
 
 def _split(directory: str, split: str, docs: np.ndarray, dtype: np.dtype) -> dict:
