@@ -11,15 +11,11 @@
 # given relative to the current directory) are made absolute here, since the job runs from
 # NSL_REPO_DIR; WORKDIR must be on a filesystem shared by the nodes. docs/guide/accelerators.md.
 set -euo pipefail
-if [ $# -lt 3 ]; then
-  echo "usage: $0 NODES CONFIG WORKDIR [--config.a.b=v ...]" >&2
-  exit 2
-fi
+. "$(dirname "$0")/common.sh"
+need_args 3 "$0 NODES CONFIG WORKDIR [--config.a.b=v ...]" "$@"
 nodes=$1 config=$2 workdir=$3
 shift 3
-case $nodes in
-  '' | *[!0-9]* | 0) echo "$0: NODES must be a positive integer, got '$nodes'" >&2; exit 2 ;;
-esac
+need_count NODES "$nodes"
 repo=${NSL_REPO_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
 python=${NSL_PYTHON:-$repo/.venv/bin/python}
 gpus=${GPUS_PER_NODE:-8}

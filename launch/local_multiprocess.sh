@@ -6,12 +6,11 @@
 # devices per process, default 1), PYTHON (default: .venv/bin/python if present, else python3).
 # The exit status is the first non-zero status of the processes; SIGTERM/SIGINT are forwarded.
 set -euo pipefail
-if [ $# -lt 3 ]; then
-  echo "usage: $0 N CONFIG WORKDIR [--config.a.b=v ...]" >&2
-  exit 2
-fi
+. "$(dirname "$0")/common.sh"
+need_args 3 "$0 N CONFIG WORKDIR [--config.a.b=v ...]" "$@"
 n=$1 config=$2 workdir=$3
 shift 3
+need_count N "$n"
 here=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-$([ -x "$here/.venv/bin/python" ] && echo "$here/.venv/bin/python" || echo python3)}
 port=${NSL_PORT:-$("$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}

@@ -9,10 +9,8 @@
 # every worker mounts (a Filestore/NFS share or a gcsfuse-mounted bucket): all hosts write their
 # checkpoint shards and data-iterator states there; process 0 writes the records.
 set -euo pipefail
-if [ $# -lt 2 ]; then
-  echo "usage: TPU_NAME=... ZONE=... $0 CONFIG WORKDIR [--config.a.b=v ...]" >&2
-  exit 2
-fi
+. "$(dirname "$0")/common.sh"
+need_args 2 "TPU_NAME=... ZONE=... $0 CONFIG WORKDIR [--config.a.b=v ...]" "$@"
 : "${TPU_NAME:?set TPU_NAME to the TPU VM name}"
 : "${ZONE:?set ZONE to the TPU VM zone}"
 config=$1 workdir=$2

@@ -1,12 +1,12 @@
 """The pod and cluster scripts build the commands the README shows (dry run: nothing is started)."""
 
+import os
 import subprocess
 
 from tests.helpers import ROOT
 
 
 def _dry(script, *args, **env):
-  import os
   out = subprocess.run(["bash", f"launch/{script}", *args], cwd=ROOT, capture_output=True, text=True,
                        env=dict(os.environ, NSL_DRY_RUN="1", **env), timeout=60)
   assert out.returncode == 0, out.stderr
@@ -33,3 +33,13 @@ def test_scripts_reject_missing_arguments():
   for script in ("tpu_pod.sh", "gpu_slurm.sh", "local_multiprocess.sh"):
     out = subprocess.run(["bash", f"launch/{script}"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "usage" in out.stderr
+
+
+def test_scripts_reject_a_count_that_is_not_a_positive_integer():
+  # Before launch/common.sh, local_multiprocess.sh started no process for N=0 and exited 0.
+  for script, name in (("gpu_slurm.sh", "NODES"), ("local_multiprocess.sh", "N")):
+    for count in ("0", "two", "-1"):
+      out = subprocess.run(["bash", f"launch/{script}", count, "configs/tiny.py", "/tmp/never"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60, env=dict(os.environ, NSL_DRY_RUN="1"))
+      assert out.returncode == 2, (script, count, out.stderr)
+      assert out.stderr.strip() == f"launch/{script}: {name} must be a positive integer, got '{count}'"
