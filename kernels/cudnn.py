@@ -22,7 +22,7 @@ any call that needs the log-sum-exp differentiated (cuDNN's backward ignores its
 as NaN: `nsl.nn.attention.attend` refuses `return_lse=True` with this implementation.
 
 Sharding as the other kernels: under a mesh the call runs in `shard_map` over the batch
-('data', 'fsdp') and head ('tensor') axes (`nsl.kernels.shard_over_mesh`).
+('data', 'fsdp') and head ('tensor') axes (`nsl.kernels.common.shard_over_mesh`).
 
 `implementation="xla"` runs the same `jax.nn.dot_product_attention` call on XLA instead: the
 CPU tests check this module's translation of each rule (the arguments cuDNN receives) against
@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from nsl.errors import ConfigError
-from nsl.kernels import context_mesh, shard_over_mesh
+from nsl.kernels.common import context_mesh, shard_over_mesh
 from nsl.nn import masks
 
 DTYPES = (jnp.bfloat16, jnp.float16)

@@ -21,7 +21,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from nsl.kernels import cpu_build, one_cpu_device
+from nsl.kernels import cpu_build
+from nsl.kernels.common import one_cpu_device
 
 # registered by cpu_build
 TARGET, WRITE_TARGET, MATMUL_TARGET = "nsl_decode_cpu", "nsl_decode_cpu_write", "nsl_decode_matmul_cpu"

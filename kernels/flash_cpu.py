@@ -27,7 +27,8 @@ import numpy as np
 
 from nsl.nn import masks
 from nsl.errors import ConfigError
-from nsl.kernels import context_mesh, cpu_build, shard_over_mesh
+from nsl.kernels import cpu_build
+from nsl.kernels.common import context_mesh, shard_over_mesh
 
 TILE = 64  # query and key tile: measured (docs/benchmarks.md#profiles: 64 vs 128 at 1024 causal)
 TARGETS = {"fwd": "nsl_flash_cpu_fwd", "bwd": "nsl_flash_cpu_bwd"}  # registered by cpu_build

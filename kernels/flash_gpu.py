@@ -26,7 +26,7 @@ is lowered to the largest power of two <= 128 dividing the length: tile sizes ch
 never results. fp32 inputs use full-precision dots (no TF32) unless `allow_tf32=True`.
 
 Sharding, as splash's: with a mesh (`mesh=` or the context mesh), the call runs under
-`shard_map` (`nsl.kernels.shard_over_mesh`) with the batch split over the mesh axes among
+`shard_map` (`nsl.kernels.common.shard_over_mesh`) with the batch split over the mesh axes among
 ('data', 'fsdp') that divide it and the heads over 'tensor' when it divides the head count, the
 dynamic segment / block ids split with the batch; each GPU runs the kernel on its own rows and
 heads (a Pallas call is opaque to XLA's partitioner, which would otherwise gather it whole).
@@ -53,7 +53,8 @@ from jax.experimental.pallas import triton as plgpu
 from nsl import sharding
 from nsl.nn import masks
 from nsl.errors import ConfigError
-from nsl.kernels import context_mesh, rules, shard_over_mesh
+from nsl.kernels import rules
+from nsl.kernels.common import context_mesh, shard_over_mesh
 
 MAX_BLOCK = 128
 MIN_BLOCK = 16

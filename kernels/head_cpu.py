@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsl.kernels import cpu_build, head_with_forward_grads, one_cpu_device
+from nsl.kernels import cpu_build
+from nsl.kernels.common import head_with_forward_grads, one_cpu_device
 
 TARGET = "nsl_head_cpu"  # registered by cpu_build
 

@@ -54,7 +54,8 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from nsl import sharding
 from nsl.nn import masks
 from nsl.errors import ConfigError
-from nsl.kernels import context_mesh, rules, shard_over_mesh
+from nsl.kernels import rules
+from nsl.kernels.common import context_mesh, shard_over_mesh
 
 LANES = 128
 

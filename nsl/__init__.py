@@ -2,6 +2,9 @@
 
 __version__ = "0.1.0"
 
+import os as _os
+import sys as _sys
+
 from nsl import hostmem as _hostmem
 
 _hostmem.at_startup()  # `python -m nsl.…`: re-executes once with huge-page malloc, before JAX loads
@@ -31,3 +34,42 @@ def _leave_out_absent_tpu() -> None:
 
 
 _leave_out_absent_tpu()
+
+
+class _CheckoutKernels:
+  """Finds `nsl.kernels` in a source checkout: the top-level kernels/ folder, as a namespace package.
+
+  The folder has no `__init__.py`, so from the checkout's root `import kernels` finds PyPI's
+  package of that name (transformers >= 5 imports it) and never ours (docs/design.md#kernels-folder).
+  A wheel holds the kernels as nsl/kernels/, found like any subpackage. In a checkout nothing else
+  maps `nsl.kernels` to ../kernels: setuptools' editable finder maps only packages with an
+  `__init__.py` to another folder (pypa/setuptools#4943), and Python started in the root finds nsl/
+  alone. Last on sys.meta_path, this answers only what every other finder left unfound."""
+
+  folder = _os.path.join(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))), "kernels")
+
+  @classmethod
+  def find_spec(cls, fullname, path=None, target=None):
+    del path, target
+    if fullname != "nsl.kernels":
+      return None
+    from importlib.machinery import ModuleSpec
+
+    spec = ModuleSpec(fullname, None, is_package=True)  # no loader: a namespace package
+    spec.submodule_search_locations = [cls.folder]
+    return spec
+
+
+def _find_checkout_kernels() -> None:
+  """Puts `_CheckoutKernels` on sys.meta_path where this nsl/ sits in a checkout (kernels/ beside it)
+  rather than in an installed wheel (nsl/kernels/ inside it)."""
+  here = _os.path.dirname(_os.path.abspath(__file__))
+  if _os.path.isdir(_os.path.join(here, "kernels")):
+    return
+  if not _os.path.isfile(_os.path.join(_CheckoutKernels.folder, "cpu_build.py")):
+    return
+  if not any(getattr(f, "__qualname__", None) == "_CheckoutKernels" for f in _sys.meta_path):
+    _sys.meta_path.append(_CheckoutKernels)
+
+
+_find_checkout_kernels()

@@ -21,15 +21,12 @@ _COMMAND = re.compile(r"`python -m [^`]*`:?")
 
 
 def _package_roots() -> list[tuple[str, str]]:
-  """(module prefix, directory) of nsl and of every subpackage installed outside nsl/'s own folder
-  (in a source checkout `nsl.kernels` is the top-level kernels/ folder, pyproject's package-dir)."""
-  here = os.path.dirname(os.path.abspath(__file__))
-  roots = [("nsl", here)]
-  for name in ("nsl.kernels",):
-    spec = importlib.util.find_spec(name)
-    for location in (spec.submodule_search_locations or []) if spec else []:
-      if os.path.abspath(location) != os.path.join(here, name.split(".")[-1]):
-        roots.append((name, os.path.abspath(location)))
+  """(module prefix, directory) of nsl and of `nsl.kernels`: a namespace package (no __init__.py), so
+  the walk of nsl/ does not enter it; in a source checkout it is the top-level kernels/ folder."""
+  roots = [("nsl", os.path.dirname(os.path.abspath(__file__)))]
+  spec = importlib.util.find_spec("nsl.kernels")
+  for location in (spec.submodule_search_locations or []) if spec else []:
+    roots.append(("nsl.kernels", os.path.abspath(location)))
   return roots
 
 

@@ -21,8 +21,6 @@ the tests that check the logits, not here.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import json
 import os
 import sys
@@ -64,29 +62,6 @@ def require_safetensors():
   except ImportError:
     raise NslError("nsl.hf needs the safetensors package: pip install -e '.[hf]'") from None
   return st
-
-
-def import_transformers():
-  """`transformers`, imported so that it finds PyPI's `kernels` package (transformers >= 5 imports
-  it): from a checkout's root the repository's own kernels/ folder (nsl.kernels' source) comes
-  first on sys.path under that name and the import fails. The installed distribution is loaded
-  under its name first; nothing changes where no such shadowing happens."""
-  found = importlib.util.find_spec("kernels") if "kernels" not in sys.modules else None
-  ours = importlib.util.find_spec("nsl.kernels")
-  if found is not None and ours is not None and list(found.submodule_search_locations or []) == list(
-      ours.submodule_search_locations or []):
-    try:
-      init = importlib.metadata.distribution("kernels").locate_file("kernels/__init__.py")
-    except importlib.metadata.PackageNotFoundError:
-      init = None
-    if init is not None and os.path.isfile(init):
-      spec = importlib.util.spec_from_file_location("kernels", init, submodule_search_locations=[os.path.dirname(init)])
-      module = importlib.util.module_from_spec(spec)
-      sys.modules["kernels"] = module
-      spec.loader.exec_module(module)
-  import transformers
-
-  return transformers
 
 
 # ------------------------------------------------------------------------------------------ config

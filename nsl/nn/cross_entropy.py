@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from nsl.kernels import head_cpu, head_with_forward_grads, registry
+from nsl.kernels import head_cpu, registry
+from nsl.kernels.common import head_with_forward_grads
 
 
 def next_token_targets(batch: dict[str, Any]):

@@ -17,8 +17,8 @@ from nsl.data import prepare, tokenizers
 from tests.helpers import ROOT, fake_run, sotu_texts, tiny_config
 
 # The [hf] extra (make install brings it): without it these fail at import, not skip.
-transformers = hf.import_transformers()
 import torch  # noqa: E402
+import transformers  # noqa: E402
 SAMPLE = "The Congress of 1790 — naïve café, 日本!\n  Peace,  and  trade's law."
 
 

@@ -1,5 +1,10 @@
-"""nsl's kernels (attention: `splash` on TPU, `flash_gpu` and `cudnn` on GPU, `flash_cpu` on CPU;
-the CPU head and decode kernels), the registry that chooses among them (`registry`), and what they share."""
+"""What the kernels share: the mesh a kernel runs on (`context_mesh`, `one_cpu_device`), the
+shard_map that runs a whole-array kernel over batch and heads (`shard_over_mesh`), and the custom VJP
+of the fused head + cross-entropy (`head_with_forward_grads`).
+
+The kernels' folder has no `__init__.py`: `nsl.kernels` is a namespace package, so the top-level
+`kernels/` folder of a checkout never answers `import kernels` ahead of PyPI's package of that name
+(docs/design.md#kernels-folder)."""
 
 from __future__ import annotations
 
