@@ -62,6 +62,27 @@ class _Mapper:
     out["final_norm"] = self.norm(final_norm, bias=True)
     return out
 
+  def two_stacks(self, n_layers: int, n_second: int, names: tuple[str, str, str], layer):
+    """Their DD and SED share a layout: `encoder_layers` (BasicLayers) and `encoder_norm`, then
+    `decoder_layers.i.` and `output_norm`. -> nsl's first stack, its second model's layers
+    (`layer(prefix)` maps one) and final norm, under `names` (stack, layer prefix, norm)."""
+    stack, prefix, norm = names
+    out = {stack: self.stack("encoder_layers", n_layers - n_second, "encoder_norm"),
+           norm: self.norm("output_norm", bias=True)}
+    out.update({f"{prefix}_{i}": layer(f"decoder_layers.{i}.") for i in range(n_second)})
+    return out
+
+  def gen_layer(self, p):
+    """Their DD decoder layer (RMSNorm, combo attention, RMSNorm, GELU MLP) -> nsl's GenLayer."""
+    return {"combo": {"attn": self.attn(p + "combo_attn.", False)}, "attn_norm": self.norm(p + "norm1"),
+            "mlp_norm": self.norm(p + "norm2"), "mlp": self.mlp(p)}
+
+  def sed_layer(self, p):
+    """Their SED decoder layer (self, cross, MLP, each after its RMSNorm) -> nsl's DecoderLayer."""
+    return {"attn": self.attn(p + "self_attn.", True), "cross": self.attn(p + "cross_attn.", False),
+            "attn_norm": self.norm(p + "norm1"), "cross_norm": self.norm(p + "norm2"),
+            "mlp_norm": self.norm(p + "norm3"), "mlp": self.mlp(p)}
+
 
 def to_nsl(model: str, state, config) -> dict:
   """Their state_dict (a mapping of numpy arrays) -> nsl params for `config` (an *_tiny config)."""
@@ -71,22 +92,9 @@ def to_nsl(model: str, state, config) -> dict:
   if model == "dec":
     params = {"trunk": mp.stack("layers", n_layers, "output_norm")}
   elif model == "dd":
-    gen = int(m.gen_layers)
-    params = {"context": mp.stack("encoder_layers", n_layers - gen, "encoder_norm"),
-              "gen_norm": mp.norm("output_norm", bias=True)}
-    for i in range(gen):
-      p = f"decoder_layers.{i}."
-      params[f"gen_{i}"] = {"combo": {"attn": mp.attn(p + "combo_attn.", False)},
-                            "attn_norm": mp.norm(p + "norm1"), "mlp_norm": mp.norm(p + "norm2"), "mlp": mp.mlp(p)}
+    params = mp.two_stacks(n_layers, int(m.gen_layers), ("context", "gen", "gen_norm"), mp.gen_layer)
   elif model == "sed":
-    dec = int(m.gen_layers)
-    params = {"encoder": mp.stack("encoder_layers", n_layers - dec, "encoder_norm"),
-              "dec_norm": mp.norm("output_norm", bias=True)}
-    for i in range(dec):
-      p = f"decoder_layers.{i}."
-      params[f"dec_{i}"] = {"attn": mp.attn(p + "self_attn.", True), "cross": mp.attn(p + "cross_attn.", False),
-                            "attn_norm": mp.norm(p + "norm1"), "cross_norm": mp.norm(p + "norm2"),
-                            "mlp_norm": mp.norm(p + "norm3"), "mlp": mp.mlp(p)}
+    params = mp.two_stacks(n_layers, int(m.gen_layers), ("encoder", "dec", "dec_norm"), mp.sed_layer)
   else:
     raise ValueError(f"model {model!r} is not one of {tuple(CONFIGS)}")
   params["embed"] = {"embedding": mp.get("embedding.weight")}
