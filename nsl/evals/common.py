@@ -1,6 +1,8 @@
-"""What every evaluation of a finished run shares, for any family: `eval_batches` gives the
-run's validation windows; `token_nll` the per-target NLL of any family (`Family.token_logits`).
-Loading the run itself is `nsl.runs.load_run`.
+"""What every evaluation of a finished run shares, for any family: `run_parser` starts its
+command line; `eval_batches` gives the run's validation windows; `token_nll` the per-target NLL
+of any family (`Family.token_logits`). Loading the run itself is `nsl.runs.load_run`.
+
+jax and optax are imported where they are used, so a CLI's `--help` does not load them.
 """
 
 from __future__ import annotations
@@ -8,10 +10,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import jax.numpy as jnp
-import optax
+from nsl.errors import ArgumentParser, NslError
 
-from nsl.errors import NslError
+
+def run_parser(module: str, doc: str) -> ArgumentParser:
+  """The argument parser of `python -m nsl.evals.MODULE`, a command that evaluates one finished
+  run: its description is the first line of `doc` (the module docstring), and `--workdir` names
+  the run. Mistakes are one line and exit status 2 (`nsl.errors.ArgumentParser`)."""
+  p = ArgumentParser(prog=f"python -m nsl.evals.{module}", description=doc.split("\n")[0])
+  p.add_argument("--workdir", required=True, help="a finished run's directory (config.json + checkpoints/)")
+  return p
 
 
 def eval_batches(config, batch_size: int, max_batches: int | None = None, split: str = "val"):
@@ -30,6 +38,9 @@ def token_nll(family, params, batch: dict[str, Any], model=None, **feed):
   """(nll [B, T], weights [B, T]): per-target negative log-likelihood of `family.token_logits`
   (under `model`, e.g. `family.with_rule(...)`, and the family's `feed` options) and whether the
   target counts."""
+  import jax.numpy as jnp
+  import optax
+
   from nsl.nn import cross_entropy
 
   _, targets, _, weights = cross_entropy.next_token_targets(batch)

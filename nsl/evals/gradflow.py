@@ -37,8 +37,9 @@ import numpy as np
 import optax
 
 from nsl.nn import attention, cross_entropy
-from nsl.errors import ArgumentParser, NslError, cli_main
+from nsl.errors import NslError, cli_main
 from nsl import runs
+from nsl.evals import common
 
 MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -157,8 +158,6 @@ def routing(norms_sq, weights, segment, max_offset: int) -> dict:
 
 
 def run(workdir: str, rows: int = 4, max_offset: int = 32, impl: str | None = None) -> dict:
-  from nsl.evals import common
-
   config, family, params = runs.load_run(workdir)
   plan = family.slot_plan()
   batch = next(iter(common.eval_batches(config, batch_size=rows, max_batches=1)))
@@ -198,8 +197,7 @@ def plot(result: dict, path: str) -> str:
 
 @cli_main
 def main(argv=None) -> int:
-  p = ArgumentParser(prog="python -m nsl.evals.gradflow", description=__doc__.split("\n")[0])
-  p.add_argument("--workdir", required=True, help="a finished run (config.json + checkpoints/)")
+  p = common.run_parser("gradflow", __doc__)
   p.add_argument("--out", default=None, help="JSON path (default WORKDIR/gradflow.json); the plot goes beside it")
   p.add_argument("--rows", type=int, default=4, help="validation windows to average over")
   p.add_argument("--max_offset", type=int, default=32, help="largest k")
@@ -209,8 +207,6 @@ def main(argv=None) -> int:
     raise NslError("--rows must be >= 1 and --max_offset >= 0")
   result = run(args.workdir, args.rows, args.max_offset, args.attention_impl)
   out = args.out or os.path.join(args.workdir, "gradflow.json")
-  from nsl.evals import common
-
   common.write_result(result, out, plot)
   summary = {name: {k: s["ratio_geomean"][k] for k in (1, 4, 16) if k < len(s["ratio_geomean"])}
              for name, s in result["streams"].items()}

@@ -39,6 +39,7 @@ import os
 import sys
 
 from nsl.errors import ArgumentParser, ConfigError, DataError, NslError, cli_main
+from nsl.evals import common
 
 
 Parser = ArgumentParser  # argparse whose mistakes are one line and exit status 2 (nsl.errors)
@@ -138,7 +139,6 @@ def make_step(family, config, feed: str | None = None):
   import jax
 
   from nsl import sharding
-  from nsl.evals import common
   from nsl.train import step as train_step_lib
 
   rules = sharding.rules(config)
@@ -235,8 +235,7 @@ def _parse_data(spec: str) -> tuple[str, str]:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-  p = Parser(prog="python -m nsl.evals.nll", description=__doc__.split("\n")[0])
-  p.add_argument("--workdir", required=True, help="the run's directory")
+  p = common.run_parser("nll", __doc__)
   p.add_argument("--data", action="append", default=[], help="DIR or NAME=DIR prepared with nsl.data.prepare "
                  "(repeatable; default: the run's own data)")
   p.add_argument("--split", default="val", help="split of every data dir to score (default val)")

@@ -26,8 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsl.errors import ArgumentParser, NslError, cli_main
+from nsl.errors import NslError, cli_main
 from nsl import runs
+from nsl.evals import common
 
 
 def spans(segment_BT: np.ndarray, weights_BT: np.ndarray):
@@ -43,8 +44,6 @@ def spans(segment_BT: np.ndarray, weights_BT: np.ndarray):
 
 
 def run(workdir: str, omega: int = 64, docs: int = 8000, batch_size: int = 8) -> dict:
-  from nsl.evals import common
-
   config, family, params = runs.load_run(workdir)
   base_rule = family.rule
   probe_rule = dataclasses.replace(base_rule, persistent_window=omega)
@@ -116,8 +115,7 @@ def plot(result: dict, path: str) -> str:
 
 @cli_main
 def main(argv=None) -> int:
-  p = ArgumentParser(prog="python -m nsl.evals.persistent_window", description=__doc__.split("\n")[0])
-  p.add_argument("--workdir", required=True, help="a finished run (config.json + checkpoints/)")
+  p = common.run_parser("persistent_window", __doc__)
   p.add_argument("--omega", type=int, default=64, help="persistent-key window ω in tokens")
   p.add_argument("--docs", type=int, default=8000, help="documents to average over (fewer if the split ends)")
   p.add_argument("--batch_size", type=int, default=8)
@@ -127,8 +125,6 @@ def main(argv=None) -> int:
     raise NslError("--omega must be >= 0, --docs and --batch_size >= 1")
   result = run(args.workdir, args.omega, args.docs, args.batch_size)
   out = args.out or os.path.join(args.workdir, "persistent_window.json")
-  from nsl.evals import common
-
   common.write_result(result, out, plot)
   print(json.dumps({k: result[k] for k in ("out", "docs", "omega", "base_nll", "probe_nll",
                                            "delta_mean_beyond_omega") if k in result} | {"out": out}))

@@ -38,8 +38,9 @@ import time
 
 import numpy as np
 
-from nsl.errors import ArgumentParser, NslError, cli_main
+from nsl.errors import NslError, cli_main
 from nsl import runs
+from nsl.evals import common
 
 
 def load_run(workdir: str):
@@ -213,8 +214,7 @@ def evaluate_curve(workdir: str, limit: int | None = None, batch_size: int = 250
 
 @cli_main
 def main(argv=None) -> int:
-  p = ArgumentParser(prog="python -m nsl.evals.planning", description=__doc__.split("\n")[0])
-  p.add_argument("--workdir", required=True)
+  p = common.run_parser("planning", __doc__)
   p.add_argument("--limit", type=int, default=None, help="first N test problems only")
   p.add_argument("--batch_size", type=int, default=250)
   p.add_argument("--data", default=None, help="task data dir (default: the run's data.path)")

@@ -20,8 +20,8 @@ import os
 import sys
 
 from nsl.errors import NslError, cli_main
-from nsl.evals import zeroshot_tasks
-from nsl.evals.nll import Parser, check_workdir, merge_result, run_data_dir
+from nsl.evals import common, zeroshot_tasks
+from nsl.evals.nll import check_workdir, merge_result, run_data_dir
 
 
 def encode_pair(tokenizer, context: str, continuation: str, eos_id: int) -> tuple[list[int], list[int]]:
@@ -70,8 +70,7 @@ def _parse_task(spec: str) -> tuple[str, str]:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-  p = Parser(prog="python -m nsl.evals.zeroshot", description=__doc__.split("\n")[0])
-  p.add_argument("--workdir", required=True, help="the run's directory")
+  p = common.run_parser("zeroshot", __doc__)
   p.add_argument("--task", action="append", required=True,
                  help=f"TASK=PATH.jsonl, TASK one of {sorted(zeroshot_tasks.READERS)} (repeatable)")
   p.add_argument("--limit", type=int, default=None, help="first N examples of each file")
