@@ -68,6 +68,46 @@ def tiny_config(data_dir: str, **overrides):
   return c
 
 
+# A run that only has to show a family trains end to end: 3 steps of 8 rows of 32 tokens,
+# evaluated and checkpointed at its last step.
+SHORT_RUN = {"train.steps": 3, "train.eval_every": 3, "checkpoint.every": 3, "train.eval_batches": 1,
+             "data.seq_len": 32, "train.batch_size": 8, "train.warmup_steps": 1, "train.decay_steps": 1}
+
+
+def short_run(tmp_path, make_config) -> dict:
+  """The Trainer's result of `make_config(data_dir, **SHORT_RUN)` on a 4-speech byte corpus under
+  `tmp_path`, checked finished with a finite loss."""
+  import math
+
+  from nsl.train import loop
+
+  data_dir = make_corpus(str(tmp_path / "corpus"), n=4, chars=3000)
+  result = loop.Trainer(make_config(data_dir, **SHORT_RUN), str(tmp_path / "run"), progress=False).run()
+  assert result["status"] == "done" and math.isfinite(result["final_loss"]), result
+  return result
+
+
+def random_params(fam, seed: int = 0, std: float = 0.02):
+  """Parameters of the family's shapes drawn on the host (compiling the initialiser costs more
+  CPU than most tests): matrices N(0, std²), norm gains 1, a separate <predict> vector N(0, 1)
+  (a tied ρ is an embedding row like the others)."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  rng = np.random.default_rng(seed)
+  shapes = nn.unbox(jax.eval_shape(fam.init, jax.random.PRNGKey(0)))
+
+  def draw(path, s):
+    name = path[-1].key
+    if name == "scale":
+      return jnp.ones(s.shape, s.dtype)
+    return jnp.asarray(rng.normal(0, 1.0 if name == "predict_embedding" else std, s.shape), s.dtype)
+
+  return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
 def fake_run(workdir: str, config, seed: int = 7, transform=None):
   """A run dir (config.json + a checkpoint of freshly initialised parameters, passed through
   `transform` when given), no training: (workdir, family, params)."""

@@ -12,7 +12,7 @@ from nsl import decode
 from nsl.kernels import decode_cpu
 from nsl.models import registry
 from tests import hlo as hlo_text
-from tests.helpers import tiny_config
+from tests.helpers import random_params, tiny_config
 
 PROMPT, NEW = 5, 9  # 14 tokens: the rings of w <= 3 wrap several times
 
@@ -28,24 +28,8 @@ def _family(variant, window, layout="stream_major", family="sps", init=True, rho
   fam = registry.get_family(c)
   if not init:
     return fam, None
-  return fam, random_params(fam)
-
-
-def random_params(fam, seed=1, std=0.06):
-  """Parameters of the family's shapes drawn on the host (no XLA compile of the initialiser):
-  matrices N(0, std²) — sharper than the 0.02 of initialisation, so greedy choices are not
-  near-ties and windows matter — norm gains 1, a separate <predict> vector N(0, 1) (a tied ρ is an
-  embedding row like the others)."""
-  rng = np.random.default_rng(seed)
-  shapes = nn.unbox(jax.eval_shape(fam.init, jax.random.PRNGKey(0)))
-
-  def draw(path, s):
-    name = path[-1].key
-    if name == "scale":
-      return jnp.ones(s.shape, s.dtype)
-    return jnp.asarray(rng.normal(0, 1.0 if name == "predict_embedding" else std, s.shape), s.dtype)
-
-  return jax.tree_util.tree_map_with_path(draw, shapes)
+  # std 0.06, sharper than the 0.02 of initialisation: greedy choices are not near-ties and windows matter
+  return fam, random_params(fam, seed=1, std=0.06)
 
 
 def _prompt(rows=2):

@@ -13,7 +13,7 @@ from nsl.errors import ConfigError
 from nsl.models import registry, sps
 from nsl.models.transformer import StandardFamily
 from nsl.train import loop
-from tests.helpers import ROOT, tiny_config
+from tests.helpers import ROOT, random_params, tiny_config
 
 # REFERENCES §1, variant table: (x slot, ρ slot); "P" = persistent, "W" = windowed (temporary).
 # 2x memory is "sps with w >= T (every ρ stays persistent)".
@@ -125,19 +125,8 @@ def _loss_and_grads(config, params, batch):
   return jax.jit(jax.value_and_grad(lambda p: family.loss(p, batch, None, 0)[0]))(params)
 
 
-def _init(config, seed=0, std=0.02):
-  """Parameters of the config's shapes drawn on the host (compiling the initialiser costs more
-  CPU than the test): matrices N(0, std²), norm gains 1, the <predict> vector N(0, 1)."""
-  rng = np.random.default_rng(seed)
-  shapes = nn.unbox(jax.eval_shape(registry.get_family(config).init, jax.random.PRNGKey(0)))
-
-  def draw(path, s):
-    name = path[-1].key
-    if name == "scale":
-      return jnp.ones(s.shape, s.dtype)
-    return jnp.asarray(rng.normal(0, 1.0 if name == "predict_embedding" else std, s.shape), s.dtype)
-
-  return jax.tree_util.tree_map_with_path(draw, shapes)
+def _init(config, **kw):
+  return random_params(registry.get_family(config), **kw)
 
 
 @pytest.mark.parametrize("variant,window,impl", [("sps", 3, "chunked"), ("delayed_state", 0, "xla"),
