@@ -12,7 +12,7 @@ from nsl.nn import attention, layers, masks
 from nsl.models import double_decoder as dd
 from nsl.train import loop
 from tests import hlo as hlo_text
-from tests.helpers import make_corpus, tiny_config
+from tests.helpers import short_run, tiny_config
 
 T = 48
 
@@ -254,12 +254,7 @@ def test_describe_every_config(path):
 
 @pytest.mark.slow
 def test_trainer_runs_the_double_decoder(tmp_path):
-  data_dir = make_corpus(str(tmp_path / "corpus"), n=4, chars=3000)
-  c = _dd_config(data_dir, **{"train.steps": 3, "train.eval_every": 3, "checkpoint.every": 3,
-                              "train.eval_batches": 1, "data.seq_len": 32, "train.batch_size": 8,
-                              "train.warmup_steps": 1, "train.decay_steps": 1})
-  result = loop.Trainer(c, str(tmp_path / "run"), progress=False).run()
-  assert result["status"] == "done" and np.isfinite(result["final_loss"])
+  result = short_run(tmp_path, _dd_config)
   assert result["flops_per_token"] > 6 * result["params_total"]
 
 

@@ -9,8 +9,7 @@ import pytest
 
 from nsl.data import span_corruption as sc
 from nsl.models import registry
-from nsl.train import loop
-from tests.helpers import make_corpus, tiny_config
+from tests.helpers import short_run, tiny_config
 
 V = 400  # byte ids < 257, sentinels 399..300, decoder start 299
 
@@ -120,12 +119,7 @@ def test_loss_counts_targets_and_flops_below_6n(family_params):
 
 @pytest.mark.slow
 def test_trainer_runs_sed(tmp_path):
-  data_dir = make_corpus(str(tmp_path / "corpus"), n=4, chars=3000)
-  c = _sed_config(data_dir, **{"train.steps": 3, "train.eval_every": 3, "checkpoint.every": 3,
-                               "train.eval_batches": 1, "data.seq_len": 32, "train.batch_size": 8,
-                               "train.warmup_steps": 1, "train.decay_steps": 1})
-  result = loop.Trainer(c, str(tmp_path / "run"), progress=False).run()
-  assert result["status"] == "done" and np.isfinite(result["final_loss"])
+  result = short_run(tmp_path, _sed_config)
   assert result["flops_per_token"] < 6 * result["params_total"]
 
 
