@@ -30,6 +30,9 @@ class Family:
   variants: tuple[str, ...] = ()
   # Parameter names (last path component) counted as embedding parameters.
   embedding_params: tuple[str, ...] = ("embedding",)
+  # Tokens of the dummy row `init` traces, when parameters do not depend on the row length and a
+  # full-length trace is slow (describe builds them for every config); None: `data.seq_len`.
+  init_len: int | None = None
   # The state feeds `token_logits(..., feed=F)` accepts (LIFT: own, teacher, bias). Empty: the
   # family has no state channel and `token_logits` takes no `feed` (its one forward is "own").
   feeds: tuple[str, ...] = ()
@@ -145,8 +148,12 @@ class Family:
     return {"tokens": jnp.zeros(shape, jnp.int32), "segment": jnp.ones(shape, jnp.int32)}
 
   def init(self, rng) -> Any:
-    """Parameters as a pytree of `nn.LogicallyPartitioned` boxes (unbox with `nn.unbox`)."""
-    return self.model.init(rng, *self.model_inputs(self.dummy_batch()))["params"]
+    """Parameters as a pytree of `nn.LogicallyPartitioned` boxes (unbox with `nn.unbox`), traced
+    on a dummy row of `init_len` tokens when the family sets one."""
+    batch = self.dummy_batch()
+    if self.init_len is not None:
+      batch = {k: v[:, : self.init_len + 1] for k, v in batch.items()}
+    return self.model.init(rng, *self.model_inputs(batch))["params"]
 
   def abstract_params(self):
     return jax.eval_shape(self.init, jax.random.PRNGKey(0))

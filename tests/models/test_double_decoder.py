@@ -161,6 +161,14 @@ def family_params():
   return family, params
 
 
+def test_parameters_from_the_short_init_row_are_the_full_rows(family_params):
+  family, params = family_params  # initialised on DoubleDecoderFamily.init_len = 16 tokens, the row is T
+  full = registry.get_family(_dd_config(**{"model.vocab_size": 300}))
+  full.init_len = None
+  want = jax.jit(lambda r: jax.tree.map(lambda a: a * 3.0, nn.unbox(full.init(r))))(jax.random.PRNGKey(0))
+  jax.tree.map(np.testing.assert_array_equal, params, want)
+
+
 def test_loss_is_full_next_token_and_blocks_come_from_the_rng(family_params):
   family, params = family_params
   rng = np.random.default_rng(0)

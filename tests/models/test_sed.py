@@ -88,6 +88,14 @@ def family_params():
   return family, params
 
 
+def test_parameters_from_the_short_init_row_are_the_full_rows(family_params):
+  family, params = family_params  # initialised on SEDFamily.init_len = 32 tokens, the row is 64
+  full = registry.get_family(_sed_config(**{"data.seq_len": 64}))
+  full.init_len = None
+  want = jax.jit(lambda r: nn.unbox(full.init(r)))(jax.random.PRNGKey(0))
+  jax.tree.map(np.testing.assert_array_equal, params, want)
+
+
 def test_encoder_is_bidirectional_and_decoder_causal(family_params):
   family, params = family_params
   rng = np.random.default_rng(0)
