@@ -12,7 +12,7 @@ first decision after the start node, each as mean ± sd over the seeds (populati
 1/d beside them. Where GPT sits at 1/d with every later edge right, accuracy = first decision.
 
 The plot has one column per task setting (the `size` label) and two rows against training
-steps: first-decision accuracy (exact-match accuracy for countdown) and the training losses at
+sequences seen (step × batch size, the axis of the papers' and third-party curves): first-decision accuracy (exact-match accuracy for countdown) and the training losses at
 that step: CE for every arm, L_next-h for NextLat (the paper's latent regression, whose collapse
 to ≈ 0 with CE stuck at ln V is the failure this study separates from planning). Each seed is
 one line, in its group's colour. Writes ROOT/planning_study.{json,md,png}; with `--temperature`
@@ -40,9 +40,12 @@ def cell_curves(root: str, limit: int | None, batch_size: int, temperature: floa
   for run, group, seed in common.grid_runs(root):
     with open(os.path.join(run, "cell.json"), encoding="utf-8") as f:
       labels = json.load(f).get("labels", {})
+    with open(os.path.join(run, "config.json"), encoding="utf-8") as f:
+      batch = int(json.load(f)["train"]["batch_size"])
     curve = planning.evaluate_curve(run, limit, batch_size, temperature=temperature, sample_seed=sample_seed)
     rows.append({"run": run, "group": group, "seed": seed, "size": labels.get("size", ""),
-                 "arm": "-".join(str(v) for k, v in labels.items() if k not in ("seed", "size")), "curve": curve})
+                 "arm": "-".join(str(v) for k, v in labels.items() if k not in ("seed", "size")), "curve": curve,
+                 "batch_size": batch})
   return rows
 
 
@@ -103,12 +106,12 @@ def plot(cells: list[dict], path: str) -> None:
       members = [c for c in cells if c["size"] == size and c["arm"] == arm]
       for k, c in enumerate(members):
         pts = c["curve"]["points"]
-        steps = [p["step"] for p in pts]
+        seen = [p["step"] * c["batch_size"] for p in pts]  # the papers' axis: training sequences seen
         key = "first_step_acc" if "first_step_acc" in pts[0] else "accuracy"
         label = f"{arm} ({len(members)} seed{'s' * (len(members) > 1)})" if k == 0 else None
-        top.plot(steps, [p[key] for p in pts], color=colours[arm], lw=0.8, alpha=0.6, marker="o", ms=2, label=label)
-        ce = [(p["step"], p["train"]["ce"]) for p in pts if "ce" in p.get("train", {})]
-        nh = [(p["step"], p["train"]["next_h"]) for p in pts if "next_h" in p.get("train", {})]
+        top.plot(seen, [p[key] for p in pts], color=colours[arm], lw=0.8, alpha=0.6, marker="o", ms=2, label=label)
+        ce = [(p["step"] * c["batch_size"], p["train"]["ce"]) for p in pts if "ce" in p.get("train", {})]
+        nh = [(p["step"] * c["batch_size"], p["train"]["next_h"]) for p in pts if "next_h" in p.get("train", {})]
         if ce:
           bottom.plot(*zip(*ce), color=colours[arm], lw=1.0, label=f"{arm} CE" if k == 0 else None)
         if nh:
@@ -121,7 +124,7 @@ def plot(cells: list[dict], path: str) -> None:
     top.set_ylim(-0.02, 1.02)
     bottom.set_yscale("log")
     bottom.set_ylabel("training loss at the checkpoint")
-    bottom.set_xlabel("training step")
+    bottom.set_xlabel("training sequences seen (steps × batch)")
     top.legend(fontsize=7)
     bottom.legend(fontsize=7)
   plots.save(fig, path, dpi=110)
