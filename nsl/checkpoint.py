@@ -1,10 +1,16 @@
-"""Orbax checkpoints: train state + Grain iterator state + run metadata (docs/guide/determinism.md,
-docs/guide/training.md#checkpoints).
+"""Orbax checkpoints: train state + the data position + run metadata (docs/guide/determinism.md,
+docs/guide/training.md#checkpoints, docs/guide/training.md#elastic-resume).
 
 Saves are asynchronous; Orbax writes each step to a temporary directory and renames it when
-complete, so `latest_step` only ever names a finished checkpoint. The data iterator's state is
-snapshotted at save time (the live iterator keeps moving while the save is in flight) and
-written per process by Grain's own checkpoint handler.
+complete, so `latest_step` only ever names a finished checkpoint.
+
+The data position is global: every process's iterator batches the same global indices and only
+then takes its rows (nsl/data/pipeline.py), so its state (`{"next_index": global batches
+consumed}`) is the same on every process and says which examples the whole run has seen. It is
+snapshotted at save time into the metadata (`data_state`), and a restore onto any process or
+device count sets every process's iterator from it, each then reading its own rows of the
+following global batches. Checkpoints of older nsl hold Grain's per-process files
+(`data/process_P-of-N.json`) instead; those restore with the same process count only.
 """
 
 from __future__ import annotations
@@ -33,16 +39,19 @@ from nsl.errors import NslError, disk_full_cause, disk_full_error, warn
 COMMIT_FILE = "commit_success.txt"  # Orbax's mark of a finished step in object storage
 
 
-class _Snapshot:
-  """A frozen iterator state, so an asynchronous save records the state at the save step."""
-
-  def __init__(self, state):
-    # Grain's handler writes non-DatasetIterator states as bytes of text; JSON keeps it readable
-    # and is what its restore path parses for the live DatasetIterator.
-    self._state = json.dumps(state, indent=1).encode()
-
-  def get_state(self):
-    return self._state
+def global_data_state(data_iterator) -> dict[str, Any]:
+  """The iterator's state, checked to be the same on every process (it is a global position; a
+  process that disagrees would make a restore onto another process count skip or repeat rows)."""
+  state = data_iterator.get_state()
+  state = json.loads(state) if isinstance(state, (bytes, str)) else state
+  if jax.process_count() > 1:
+    digest = hashlib.sha256(json.dumps(state, sort_keys=True).encode()).digest()[:8]
+    every = multihost_utils.process_allgather(np.frombuffer(digest, np.uint8))
+    if not (np.asarray(every) == np.asarray(every)[0]).all():
+      # A bug in a pipeline, not a user's mistake: a traceback, not one line.
+      raise RuntimeError(f"the processes' data iterators disagree on the position at this save ({state} on "
+                         f"process {jax.process_index()}); the pipeline is not batching global indices")
+  return state
 
 
 class Checkpointer:
@@ -79,10 +88,11 @@ class Checkpointer:
     return disk_full_error(cause, where=self.directory, needed=needed)
 
   def save(self, step: int, state, data_iterator, metadata: dict[str, Any], force: bool = False) -> bool:
-    meta = dict(metadata, step=int(step), process_count=jax.process_count(), nsl_version=nsl.__version__)
+    meta = dict(metadata, step=int(step), process_count=jax.process_count(), device_count=jax.device_count(),
+                nsl_version=nsl.__version__)
+    if data_iterator is not None:  # a copy taken now: the live iterator moves on during an async save
+      meta["data_state"] = global_data_state(data_iterator)
     args = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
-    if data_iterator is not None:
-      args["data"] = grain.checkpoint.CheckpointSave(_Snapshot(data_iterator.get_state()))
     self._state_bytes = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(state))
     try:
       return self.manager.save(step, args=ocp.args.Composite(**args), force=force)
@@ -156,16 +166,23 @@ class Checkpointer:
     self.manager.reload()
 
   def restore(self, step: int, abstract_state, data_iterator=None):
-    """Restores the state (resharded onto `abstract_state`'s shardings) and the iterator."""
+    """Restores the state, resharded onto `abstract_state`'s shardings (this run's mesh, whatever
+    the process and device counts that wrote it), and sets the iterator to the saved global
+    position (module docstring)."""
     meta = self.metadata(step)
-    if data_iterator is not None and meta.get("process_count", 1) != jax.process_count():
-      raise NslError(f"checkpoint {self.directory}/{step} was written by {meta.get('process_count')} processes "
-                     f"but this run has {jax.process_count()}; the data iterator cannot be resharded — "
-                     "resume with the same process count, or start a new workdir with --restore_from")
+    per_process = data_iterator is not None and "data_state" not in meta  # an older nsl's checkpoint
+    if per_process and meta.get("process_count", 1) != jax.process_count():
+      raise NslError(f"checkpoint {self.directory}/{step} was written by an older nsl with a data position per "
+                     f"process ({meta.get('process_count')} processes; this run has {jax.process_count()}); "
+                     f"resume it once with {meta.get('process_count')} processes, whose next checkpoint "
+                     "can then move to any count")
     args = {"state": ocp.args.StandardRestore(abstract_state)}
-    if data_iterator is not None:
+    if per_process:
       args["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
     restored = self.manager.restore(step, args=ocp.args.Composite(**args))
+    if data_iterator is not None and not per_process:
+      data_iterator.set_state(meta["data_state"])
+      getattr(data_iterator, "start_prefetch", lambda: None)()
     return restored["state"], meta
 
   def metadata(self, step: int) -> dict[str, Any]:

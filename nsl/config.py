@@ -482,14 +482,16 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None, 
                       f"config.train.grad_accum={t.grad_accum}")
   if t.batch_size % num_processes:
     raise ConfigError(f"config.train.batch_size={t.batch_size} is not divisible by the "
-                      f"{num_processes} processes")
+                      f"{num_processes} processes; use a process count that divides it (a resumed run "
+                      "keeps its global batch)")
   if num_devices is not None:
     from nsl import sharding
     data_parallel = sharding.data_parallel_size(config, num_devices)
     micro = t.batch_size // t.grad_accum
     if micro % data_parallel:
       raise ConfigError(f"the micro-batch train.batch_size/train.grad_accum={micro} is not divisible by "
-                        f"the {data_parallel} data-parallel devices (mesh data x fsdp)")
+                        f"the {data_parallel} data-parallel devices (mesh data x fsdp); use a device count "
+                        "or config.mesh.shape whose data x fsdp divides it (a resumed run keeps its global batch)")
   from nsl.nn import mup
   mup.validate(config)  # model.mup_base_width (μP), checked here and only here
   from nsl.evals import specs

@@ -85,6 +85,14 @@ def _largest_array_file(step_dir):
   return max(glob.glob(os.path.join(step_dir, "state", "ocdbt.process_0", "d", "*")), key=os.path.getsize)
 
 
+def _drop_data_position(step_dir):
+  """The checkpoint's metadata without its data position (docs/guide/training.md#elastic-resume)."""
+  path = os.path.join(step_dir, "meta", "metadata")
+  meta = json.load(open(path))
+  del meta["data_state"]
+  json.dump(meta, open(path, "w"))
+
+
 @pytest.mark.parametrize("damage", ["array file", "_METADATA", "iterator state", "meta item",
                                     "truncated manifest.ocdbt", "empty step dir"])
 def test_damaged_newest_checkpoint_falls_back_with_one_warning(data_dir, finished, uninterrupted_8, tmp_path, capfd,
@@ -93,7 +101,7 @@ def test_damaged_newest_checkpoint_falls_back_with_one_warning(data_dir, finishe
   step6 = os.path.join(workdir, "checkpoints", "6")
   {"array file": lambda: os.remove(_largest_array_file(step6)),
    "_METADATA": lambda: os.remove(os.path.join(step6, "state", "_METADATA")),
-   "iterator state": lambda: os.remove(os.path.join(step6, "data", "process_0-of-1.json")),
+   "iterator state": lambda: _drop_data_position(step6),
    "meta item": lambda: os.remove(os.path.join(step6, "meta", "metadata")),
    "truncated manifest.ocdbt": lambda: open(os.path.join(step6, "state", "manifest.ocdbt"), "r+b").truncate(10),
    "empty step dir": lambda: (shutil.rmtree(step6), os.makedirs(step6))}[damage]()
