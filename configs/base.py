@@ -108,6 +108,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.log.wandb_name = ""  # the run's name there; "" = the workdir's basename
   c.log.wandb_entity = ""  # team or user; "" = wandb's default
   c.log.wandb_mode = ""  # online | offline | disabled; "" = wandb's default ($WANDB_MODE, else online)
+  # Each process appends a hash of every training row it reads, per step, to
+  # <workdir>/data_trace/process_P-of-N.jsonl: which examples each step saw, checkable across
+  # resumes onto other process counts (docs/guide/training.md#elastic-resume).
+  c.log.data_trace = False
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 250

@@ -213,6 +213,8 @@ class Trainer:
     sinks = [observe.WandbSink(cfg, self.records.local, nsl_config.to_dict(cfg))] if self.is_main and cfg.get("log", {}).get("wandb") else []
     writer = metrics.MetricsWriter(self.records.local, enabled=self.is_main, resume_step=start, sinks=sinks)
     profiler = observe.StepProfiler(t.get("profile_steps"), self.records.local, self._log)
+    trace = observe.DataTrace(bool(cfg.get("log", {}).get("data_trace")), self.records.local, start,
+                              jax.process_index(), jax.process_count())
     bar = metrics.Progress(t.steps, initial=start, enabled=self.is_main and self.progress, every=t.log_every)
     meta = {"config": nsl_config.to_dict(cfg)}
     # The run's own counters travel in every checkpoint, so a resumed (or re-finished) run
@@ -239,7 +241,9 @@ class Trainer:
         if preemption.should_stop(step):  # SIGTERM arrived while compiling or restoring
           status = "preempted"
         while step < t.steps and status == "done":
-          batch = sharding.global_batch(next(self.train_iter), self.mesh)
+          local = next(self.train_iter)
+          trace.write(step + 1, local)
+          batch = sharding.global_batch(local, self.mesh)
           profiler.before_step(step + 1)
           state, m = self._train_step(state, batch, self.base_rng)
           step += 1
@@ -301,6 +305,7 @@ class Trainer:
       raise
     finally:
       profiler.close()
+      trace.close()
       bar.close()
       writer.close()
       try:

@@ -1,5 +1,6 @@
-"""Watching a run from outside: a jax.profiler trace of chosen steps and a Weights & Biases mirror
-of metrics.jsonl (docs/guide/training.md#profiling, docs/guide/training.md#weights-biases).
+"""Watching a run from outside: a jax.profiler trace of chosen steps, a Weights & Biases mirror
+of metrics.jsonl and a trace of the training rows each step read (docs/guide/training.md#profiling,
+docs/guide/training.md#weights-biases, docs/guide/training.md#elastic-resume).
 
 `validate` checks `train.profile_steps` and `config.log` (called by `nsl.config.validate`);
 `check_wandb` is called by the trainer only, so configs are validated where wandb is not
@@ -8,9 +9,14 @@ installed (a grid listed on a laptop, `nsl.compile`).
 
 from __future__ import annotations
 
+import glob
+import hashlib
+import json
 import os
 import secrets
 from typing import Any
+
+import numpy as np
 
 from nsl.errors import ConfigError, NslError
 
@@ -37,6 +43,8 @@ def validate(config) -> None:
     raise ConfigError(f"config.log.wandb={log.wandb!r} must be true or false")
   if log.get("wandb_mode", "") not in WANDB_MODES:
     raise ConfigError(f"config.log.wandb_mode={log.wandb_mode!r} must be one of {WANDB_MODES} (\"\": wandb's default)")
+  if not isinstance(log.get("data_trace", False), bool):
+    raise ConfigError(f"config.log.data_trace={log.data_trace!r} must be true or false")
   if log.get("wandb") and not log.get("wandb_project"):
     raise ConfigError("config.log.wandb_project is empty; name the W&B project the run logs to")
 
@@ -124,3 +132,69 @@ class WandbSink:
 
   def close(self) -> None:
     self.run.finish()
+
+
+class DataTrace:
+  """`log.data_trace`: every process appends one line per step to
+  `<workdir>/data_trace/process_P-of-N.jsonl`, `{"step", "first_row", "rows"}`: where its rows
+  start in the pipeline's global batch and a 64-bit BLAKE2b hash of each row's tokens. Joined
+  over the processes by `first_row`, a step's lines are the global batch it trained on, whatever
+  the process count, so runs resumed onto other counts can be compared with an uninterrupted one
+  row by row (docs/guide/training.md#elastic-resume). On resume, lines after the checkpoint's
+  step (steps the run replays) are dropped first: each process trims its own file, process 0
+  also those of other process counts (no process of this run writes them)."""
+
+  DIR = "data_trace"
+
+  def __init__(self, enabled: bool, workdir: str, resume_step: int, process_index: int, process_count: int):
+    from nsl import metrics
+
+    self._file = None
+    if not enabled:
+      return
+    directory = os.path.join(workdir, self.DIR)
+    os.makedirs(directory, exist_ok=True)
+    suffix = f"-of-{process_count}.jsonl"
+    path = os.path.join(directory, f"process_{process_index}{suffix}")
+    others = [p for p in glob.glob(os.path.join(directory, "process_*.jsonl")) if not p.endswith(suffix)]
+    for p in [path] + (others if process_index == 0 else []):
+      metrics.truncate_records(p, resume_step)
+    self._file = open(path, "a", buffering=1)
+    self._index = process_index
+
+  def write(self, step: int, local_batch: dict[str, np.ndarray]) -> None:
+    """Records step `step`'s rows of this process (`local_batch["tokens"]`, [rows, seq_len + 1])."""
+    if self._file is None:
+      return
+    tokens = np.ascontiguousarray(np.asarray(local_batch["tokens"]).astype("<i4", copy=False))
+    rows = [hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in tokens]
+    self._file.write(json.dumps({"step": int(step), "first_row": self._index * len(rows), "rows": rows}) + "\n")
+
+  def close(self) -> None:
+    if self._file is not None:
+      self._file.close()
+      self._file = None
+
+
+def read_data_trace(workdir: str) -> dict[int, list[str]]:
+  """{step: the row hashes of its global batch in pipeline order} from a run's `data_trace/`. A
+  step whose lines do not tile its batch exactly once (a row missing or read twice) is an error."""
+  parts: dict[int, dict[int, list[str]]] = {}
+  for path in sorted(glob.glob(os.path.join(workdir, DataTrace.DIR, "process_*.jsonl"))):
+    with open(path, encoding="utf-8") as f:
+      for line in f:
+        r = json.loads(line)
+        step = parts.setdefault(int(r["step"]), {})
+        if r["first_row"] in step:
+          raise ValueError(f"{path}: step {r['step']} rows from {r['first_row']} were recorded twice")
+        step[int(r["first_row"])] = r["rows"]
+  out = {}
+  for step, by_first in sorted(parts.items()):
+    rows, expect = [], 0
+    for first, hashes in sorted(by_first.items()):
+      if first != expect:
+        raise ValueError(f"{workdir}: step {step} has rows {expect}..{first - 1} missing or overlapping")
+      rows += hashes
+      expect += len(hashes)
+    out[step] = rows
+  return out
