@@ -1,6 +1,6 @@
 // What nsl's CPU kernels share: the build host's float vectors (GCC vector extensions), the
 // register-blocked product micro-kernel (with an optional paced prefetch of a streamed operand), a
-// vector exp, and a task pool over the host's cores. Included by flash_cpu.cc, head_cpu.cc and
+// vector exp and the softmax row loops built on it, and a task pool over the host's cores. Included by flash_cpu.cc, head_cpu.cc and
 // decode_cpu.cc, which `nsl.kernels.cpu_build` compiles into one library.
 #pragma once
 
@@ -158,6 +158,32 @@ inline vf vexp(vf x) {
   const vi pow2 = ((reinterpret_cast<const vi&>(t) - 0x4B400000) + 127) << 23;
   const vf e = p * reinterpret_cast<const vf&>(pow2);
   return tiny ? splat(0.0f) : e;
+}
+
+// The largest of x[0, n) (n a multiple of W): lane-wise maxima, then across the lanes; −inf if n = 0.
+inline float row_max(const float* x, int64_t n) {
+  vf vm = splat(kNegInf);
+  for (int64_t c = 0; c < n; c += W) {
+    const vf v = load(x + c);
+    vm = v > vm ? v : vm;
+  }
+  float m = kNegInf;
+  for (int e = 0; e < W; ++e) m = std::max(m, vm[e]);
+  return m;
+}
+
+// x[0, n) ← exp(x − m) in place (n a multiple of W), the softmax numerators; returns total plus
+// their sum, summed per lane over x and then lane by lane onto total (the order the kernels' bits
+// depend on: docs/guide/determinism.md).
+inline float exp_sum(float* x, int64_t n, float m, float total = 0.0f) {
+  vf vs = {};
+  for (int64_t c = 0; c < n; c += W) {
+    const vf e = vexp(load(x + c) - m);
+    store(x + c, e);
+    vs += e;
+  }
+  for (int e = 0; e < W; ++e) total += vs[e];
+  return total;
 }
 
 // Workers for `tasks` tasks: the cores this thread may run on, or $NSL_CPU_THREADS when it is set

@@ -185,16 +185,9 @@ void task(const Args& a, int64_t bh) {
       continue;
     }
     float l = 0.0f;
-    const vf mv = splat(m);
     for (size_t r = 0; r < sc.runs.size(); r += 2) {
       const int64_t lo = sc.runs[r], hi = sc.runs[r + 1], nvec = (hi - lo) / W * W;
-      vf lv = {};
-      for (int64_t k = lo; k < lo + nvec; k += W) {
-        const vf e = vexp(load(si + k) - mv);
-        store(si + k, e);
-        lv += e;
-      }
-      for (int e = 0; e < W; ++e) l += lv[e];
+      l = exp_sum(si + lo, nvec, m, l);
       for (int64_t k = lo + nvec; k < hi; ++k) l += (si[k] = std::exp(si[k] - m));
     }
     for (int64_t n = 0; n < N; ++n) l += (si[S + n] = std::exp(si[S + n] - m));

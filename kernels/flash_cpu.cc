@@ -92,6 +92,15 @@ struct Meta {
   const int8_t* bmap;                                    // [nqb, nkb]
 };
 
+// What a forward or backward call knows besides its arrays (`describe` fills it in). Each
+// (batch row, head) is one task.
+struct Call {
+  Shape sh;
+  Rule rule;
+  Meta m;
+  float scale;  // 1/√D, the scores' factor
+};
+
 // Masks S[rows, bk] (row stride ldS) of query rows q0.. against keys k0.. in place (→ −inf).
 void apply_mask(float* S, int64_t ldS, int64_t rows, int64_t bk, const Rule& rule, const Meta& m,
                 int64_t b, const Shape& sh, int64_t q0, int64_t k0) {
@@ -144,42 +153,23 @@ void visible_blocks(const Rule& rule, const Meta& m, const Shape& sh, int64_t b,
 void softmax_rows(float* S, int64_t ldS, int64_t rows, int64_t L, float* mx, float* sum) {
   for (int64_t r = 0; r < rows; ++r) {
     float* s = S + r * ldS;
-    vf vm = splat(kNegInf);
-    for (int64_t c = 0; c < L; c += W) {
-      const vf x = load(s + c);
-      vm = x > vm ? x : vm;
-    }
-    float m = kNegInf;
-    for (int e = 0; e < W; ++e) m = std::max(m, vm[e]);
-    mx[r] = m;
+    const float m = mx[r] = row_max(s, L);
     if (m == kNegInf) {
       sum[r] = 0.0f;
       std::memset(s, 0, L * sizeof(float));
       continue;
     }
-    vf vs = {};
-    for (int64_t c = 0; c < L; c += W) {
-      const vf e = vexp(load(s + c) - m);
-      store(s + c, e);
-      vs += e;
-    }
-    float t = 0.0f;
-    for (int e = 0; e < W; ++e) t += vs[e];
-    sum[r] = t;
+    sum[r] = exp_sum(s, L, m);
   }
 }
 
-struct Fwd {
+struct Fwd : Call {
   struct Scratch {
     std::vector<float> qs, kt, vp, s, o, mx, sum;
     std::vector<std::pair<int64_t, bool>> blocks;
   };
   const float *q, *k, *v;
   float *out, *lse;
-  Shape sh;
-  Rule rule;
-  Meta m;
-  float scale;
 
   void operator()(int64_t task, Scratch& w) const {
     const int64_t b = task / sh.H, h = task % sh.H, HD = sh.H * sh.D, D = sh.D, pw = sh.pk.pw;
@@ -231,17 +221,13 @@ struct Fwd {
   }
 };
 
-struct Bwd {
+struct Bwd : Call {
   struct Scratch {
     std::vector<float> qs, kt, vt, kp, qp, dop, s, dp, delta, lse, dk, dv;
     std::vector<std::pair<int64_t, bool>> blocks;
   };
   const float *q, *k, *v, *out, *lse, *dout, *dlse;
   float *dq, *dk, *dv;
-  Shape sh;
-  Rule rule;
-  Meta m;
-  float scale;
 
   void operator()(int64_t task, Scratch& w) const {
     const int64_t b = task / sh.H, h = task % sh.H, HD = sh.H * sh.D, D = sh.D, pw = sh.pk.pw;
@@ -349,13 +335,20 @@ ffi::Error check_shapes(const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F
   return ffi::Error::Success();
 }
 
-Meta make_meta(const ffi::Buffer<ffi::S32>& qm, const ffi::Buffer<ffi::S32>& km,
-               const ffi::Buffer<ffi::S32>& qseg, const ffi::Buffer<ffi::S32>& kseg,
-               const ffi::Buffer<ffi::S8>& bmap, const Shape& sh) {
-  const int32_t* q = qm.typed_data();
-  const int32_t* k = km.typed_data();
-  return Meta{q, q + sh.Sq, k, k + sh.Sk, k + 2 * sh.Sk, qseg.typed_data(), kseg.typed_data(),
-              bmap.typed_data()};
+// The call's description from its arrays and attributes, or check_shapes' error.
+ffi::Error describe(const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F32>& k,
+                    const ffi::Buffer<ffi::F32>& v, const ffi::Buffer<ffi::S32>& q_meta,
+                    const ffi::Buffer<ffi::S32>& k_meta, const ffi::Buffer<ffi::S32>& q_seg,
+                    const ffi::Buffer<ffi::S32>& k_seg, const ffi::Buffer<ffi::S8>& bmap, const Rule& rule,
+                    int64_t block_q, int64_t block_k, Call& c) {
+  if (auto e = check_shapes(q, k, v, bmap, block_q, block_k, c.sh); e.failure()) return e;
+  const int32_t* qm = q_meta.typed_data();  // [pos; tok] of the query slots
+  const int32_t* km = k_meta.typed_data();  // [pos; tok; kind] of the key slots
+  c.rule = rule;
+  c.m = Meta{qm, qm + c.sh.Sq, km, km + c.sh.Sk, km + 2 * c.sh.Sk, q_seg.typed_data(), k_seg.typed_data(),
+             bmap.typed_data()};
+  c.scale = 1.0f / std::sqrt((float)c.sh.D);
+  return ffi::Error::Success();
 }
 
 ffi::Error FwdImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
@@ -364,12 +357,12 @@ ffi::Error FwdImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer
                    int64_t causal, int64_t same_segment, int64_t window, int64_t persistent_window,
                    int64_t block_q, int64_t block_k, ffi::ResultBuffer<ffi::F32> out,
                    ffi::ResultBuffer<ffi::F32> lse) {
-  Shape sh;
-  if (auto e = check_shapes(q, k, v, bmap, block_q, block_k, sh); e.failure()) return e;
-  Fwd f{q.typed_data(), k.typed_data(), v.typed_data(), out->typed_data(), lse->typed_data(), sh,
-        Rule{causal != 0, same_segment != 0, window, persistent_window},
-        make_meta(q_meta, k_meta, q_seg, k_seg, bmap, sh), 1.0f / std::sqrt((float)sh.D)};
-  parallel_tasks(sh.B * sh.H, f);
+  Call c;
+  const Rule rule{causal != 0, same_segment != 0, window, persistent_window};
+  if (auto e = describe(q, k, v, q_meta, k_meta, q_seg, k_seg, bmap, rule, block_q, block_k, c); e.failure())
+    return e;
+  parallel_tasks(c.sh.B * c.sh.H,
+                 Fwd{c, q.typed_data(), k.typed_data(), v.typed_data(), out->typed_data(), lse->typed_data()});
   return ffi::Error::Success();
 }
 
@@ -381,49 +374,55 @@ ffi::Error BwdImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer
                    int64_t same_segment, int64_t window, int64_t persistent_window, int64_t block_q,
                    int64_t block_k, ffi::ResultBuffer<ffi::F32> dq, ffi::ResultBuffer<ffi::F32> dk,
                    ffi::ResultBuffer<ffi::F32> dv) {
-  Shape sh;
-  if (auto e = check_shapes(q, k, v, bmap, block_q, block_k, sh); e.failure()) return e;
-  Bwd f{q.typed_data(), k.typed_data(), v.typed_data(), out.typed_data(), lse.typed_data(),
-        dout.typed_data(), dlse.typed_data(), dq->typed_data(), dk->typed_data(), dv->typed_data(),
-        sh, Rule{causal != 0, same_segment != 0, window, persistent_window},
-        make_meta(q_meta, k_meta, q_seg, k_seg, bmap, sh), 1.0f / std::sqrt((float)sh.D)};
-  parallel_tasks(sh.B * sh.H, f);
+  Call c;
+  const Rule rule{causal != 0, same_segment != 0, window, persistent_window};
+  if (auto e = describe(q, k, v, q_meta, k_meta, q_seg, k_seg, bmap, rule, block_q, block_k, c); e.failure())
+    return e;
+  parallel_tasks(c.sh.B * c.sh.H, Bwd{c, q.typed_data(), k.typed_data(), v.typed_data(), out.typed_data(),
+                                      lse.typed_data(), dout.typed_data(), dlse.typed_data(), dq->typed_data(),
+                                      dk->typed_data(), dv->typed_data()});
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-#define NSL_RULE_ATTRS                                                                      \
-  .Attr<int64_t>("causal").Attr<int64_t>("same_segment").Attr<int64_t>("window")            \
-      .Attr<int64_t>("persistent_window").Attr<int64_t>("block_q").Attr<int64_t>("block_k")
+// The next N ≥ 1 arguments (Ret: results) of an FFI binding, all f32 arrays. Each builder method
+// consumes the builder and returns one of a new type, and a builder can be neither copied nor
+// moved from outside, so the recursion only ever returns what a method returned.
+template <int N, bool Ret = false, typename Binding>
+auto f32_buffers(Binding&& b) {
+  static_assert(N >= 1);
+  auto next = [&] {
+    if constexpr (Ret)
+      return std::move(b).template Ret<ffi::Buffer<ffi::F32>>();
+    else
+      return std::move(b).template Arg<ffi::Buffer<ffi::F32>>();
+  };
+  if constexpr (N == 1)
+    return next();
+  else
+    return f32_buffers<N - 1, Ret>(next());
+}
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(NslFlashCpuFwd, FwdImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S8>>() NSL_RULE_ATTRS
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+// FwdImpl's and BwdImpl's signature: `Args` f32 arrays (q, k, v; the backward adds out, lse,
+// dout, dlse), the query and key layouts and segment ids and the block map, the rule's and the
+// blocks' attributes, `Rets` f32 results. (`.template`: the builder's type depends on Args.)
+template <int Args, int Rets>
+auto flash_binding() {
+  return f32_buffers<Rets, true>(f32_buffers<Args>(ffi::Ffi::Bind())
+                                     .template Arg<ffi::Buffer<ffi::S32>>()  // q_meta
+                                     .template Arg<ffi::Buffer<ffi::S32>>()  // k_meta
+                                     .template Arg<ffi::Buffer<ffi::S32>>()  // q_seg
+                                     .template Arg<ffi::Buffer<ffi::S32>>()  // k_seg
+                                     .template Arg<ffi::Buffer<ffi::S8>>()   // bmap
+                                     .template Attr<int64_t>("causal")
+                                     .template Attr<int64_t>("same_segment")
+                                     .template Attr<int64_t>("window")
+                                     .template Attr<int64_t>("persistent_window")
+                                     .template Attr<int64_t>("block_q")
+                                     .template Attr<int64_t>("block_k"));
+}
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(NslFlashCpuBwd, BwdImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S8>>() NSL_RULE_ATTRS
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(NslFlashCpuFwd, FwdImpl, (flash_binding<3, 2>()));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(NslFlashCpuBwd, BwdImpl, (flash_binding<7, 3>()));

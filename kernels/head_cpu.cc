@@ -116,25 +116,11 @@ struct Head {
       gemm_panel<NV_MAX>(R, D, hs.data(), D, 1, et + v0 * D + p * D * PW, PW, zchunk(c) + p * PW, L, false);
     for (int64_t r = 0; r < R; ++r) {
       float* zr = zchunk(c) + r * L;
-      vf vm = splat(kNegInf);
-      for (int64_t j = 0; j < L; j += W) {
-        const vf x = load(zr + j);
-        vm = x > vm ? x : vm;
-      }
-      float mx = kNegInf;
-      for (int e = 0; e < W; ++e) mx = std::max(mx, vm[e]);
+      const float mx = row_max(zr, L);
       const int64_t tj = t[r0 + r] - v0;
-      if (tj >= 0 && tj < L) zt[r] = zr[tj];
-      vf vs = {};
-      for (int64_t j = 0; j < L; j += W) {
-        const vf e = vexp(load(zr + j) - mx);
-        store(zr + j, e);
-        vs += e;
-      }
-      float sum = 0.0f;
-      for (int e = 0; e < W; ++e) sum += vs[e];
+      if (tj >= 0 && tj < L) zt[r] = zr[tj];  // before exp_sum overwrites the logit
       m[r * nch + c] = mx;
-      s[r * nch + c] = sum;
+      s[r * nch + c] = exp_sum(zr, L, mx);
     }
   }
 
