@@ -1,6 +1,7 @@
 """What the kernels share: the mesh a kernel runs on (`context_mesh`, `one_cpu_device`), the
-shard_map that runs a whole-array kernel over batch and heads (`shard_over_mesh`), and the custom VJP
-of the fused head + cross-entropy (`head_with_forward_grads`).
+shard_map that runs a whole-array kernel over batch and heads (`shard_over_mesh`), the custom VJP of
+a flash attention kernel's forward and backward calls (`attention_with_vjp`), and that of the fused
+head + cross-entropy (`head_with_forward_grads`).
 
 The kernels' folder has no `__init__.py`: `nsl.kernels` is a namespace package, so the top-level
 `kernels/` folder of a checkout never answers `import kernels` ahead of PyPI's package of that name
@@ -52,6 +53,31 @@ def shard_over_mesh(local, mesh, q, k, v, seg):
   fn = jax.shard_map(local, mesh=mesh, in_specs=(x_spec, x_spec, x_spec, seg_spec),
                      out_specs=(x_spec, P(batch, head, None)), check_vma=False)
   return fn(q, k, v, seg)
+
+
+def attention_with_vjp(forward, backward):
+  """A flash attention kernel as a custom VJP, (static, q, k, v, ids_q, ids_k) -> (out [B, S, H, D],
+  lse [B, H, S]), from its two calls: `forward(static, q, k, v, ids_q, ids_k) -> (out, lse)` and
+  `backward(static, q, k, v, ids_q, ids_k, out, lse, dout, dlse) -> (dq, dk, dv)`, which recomputes
+  the probabilities from the saved lse (FlashAttention-2's backward, docs/design.md#attention).
+  `static` is hashable (the kernel's plan); the ids (segment / block ids, any pytree of integer
+  arrays or None) are data, with zero cotangents. Shared by the C++ CPU and the Pallas GPU kernels."""
+
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+  def attend(static, q, k, v, ids_q, ids_k):
+    return forward(static, q, k, v, ids_q, ids_k)
+
+  def fwd(static, q, k, v, ids_q, ids_k):
+    out, lse = forward(static, q, k, v, ids_q, ids_k)
+    return (out, lse), (q, k, v, ids_q, ids_k, out, lse)
+
+  def bwd(static, res, cts):
+    dq, dk, dv = backward(static, *res, *cts)
+    zero = lambda ids: jax.tree.map(lambda a: np.zeros(a.shape, jax.dtypes.float0), ids)
+    return dq, dk, dv, zero(res[3]), zero(res[4])
+
+  attend.defvjp(fwd, bwd)
+  return attend
 
 
 def head_with_forward_grads(parts):

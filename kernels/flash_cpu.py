@@ -28,7 +28,7 @@ import numpy as np
 from nsl.nn import masks
 from nsl.errors import ConfigError
 from nsl.kernels import cpu_build
-from nsl.kernels.common import context_mesh, shard_over_mesh
+from nsl.kernels.common import attention_with_vjp, context_mesh, shard_over_mesh
 
 TILE = 64  # query and key tile: measured (docs/benchmarks.md#profiles: 64 vs 128 at 1024 causal)
 TARGETS = {"fwd": "nsl_flash_cpu_fwd", "bwd": "nsl_flash_cpu_bwd"}  # registered by cpu_build
@@ -142,26 +142,12 @@ def _fwd_call(spec: _Spec, q, k, v, q_seg, k_seg):
   return call(q, k, v, q_meta, k_meta, q_seg, k_seg, bmap, **spec.attrs())
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(spec, q, k, v, q_seg, k_seg):
-  return _fwd_call(spec, q, k, v, q_seg, k_seg)
-
-
-def _flash_fwd(spec, q, k, v, q_seg, k_seg):
-  out, lse = _fwd_call(spec, q, k, v, q_seg, k_seg)
-  return (out, lse), (q, k, v, q_seg, k_seg, out, lse)
-
-
-def _flash_bwd(spec, res, cts):
-  q, k, v, q_seg, k_seg, out, lse = res
-  dout, dlse = cts
+def _bwd_call(spec: _Spec, q, k, v, q_seg, k_seg, out, lse, dout, dlse):
   q_meta, k_meta, bmap = spec.operands()
   shapes = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (q, k, v))
   call = jax.ffi.ffi_call(TARGETS["bwd"], shapes, vmap_method="sequential")
-  dq, dk, dv = call(q, k, v, out, lse, dout.astype(jnp.float32), dlse.astype(jnp.float32),
-                    q_meta, k_meta, q_seg, k_seg, bmap, **spec.attrs())
-  zero = lambda s: np.zeros(s.shape, jax.dtypes.float0)
-  return dq, dk, dv, zero(q_seg), zero(k_seg)
+  return call(q, k, v, out, lse, dout.astype(jnp.float32), dlse.astype(jnp.float32),
+              q_meta, k_meta, q_seg, k_seg, bmap, **spec.attrs())
 
 
-_flash.defvjp(_flash_fwd, _flash_bwd)
+_flash = attention_with_vjp(_fwd_call, _bwd_call)

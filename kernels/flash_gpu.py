@@ -45,7 +45,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
@@ -54,7 +53,7 @@ from nsl import sharding
 from nsl.nn import masks
 from nsl.errors import ConfigError
 from nsl.kernels import rules
-from nsl.kernels.common import context_mesh, shard_over_mesh
+from nsl.kernels.common import attention_with_vjp, context_mesh, shard_over_mesh
 
 MAX_BLOCK = 128
 MIN_BLOCK = 16
@@ -452,22 +451,4 @@ def _backward(plan: _Plan, q, k, v, dyn_q, dyn_k, out, lse, dout, dlse):
   return dq, dk, dv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(plan, q, k, v, dyn_q, dyn_k):
-  return _forward(plan, q, k, v, dyn_q, dyn_k)
-
-
-def _flash_fwd(plan, q, k, v, dyn_q, dyn_k):
-  out, lse = _forward(plan, q, k, v, dyn_q, dyn_k)
-  return (out, lse), (q, k, v, dyn_q, dyn_k, out, lse)
-
-
-def _flash_bwd(plan, res, cts):
-  q, k, v, dyn_q, dyn_k, out, lse = res
-  dout, dlse = cts
-  dq, dk, dv = _backward(plan, q, k, v, dyn_q, dyn_k, out, lse, dout, dlse)
-  zero_dyn = lambda d: jax.tree.map(lambda a: np.zeros(a.shape, jax.dtypes.float0), d)
-  return dq, dk, dv, zero_dyn(dyn_q), zero_dyn(dyn_k)
-
-
-_flash.defvjp(_flash_fwd, _flash_bwd)
+_flash = attention_with_vjp(_forward, _backward)
