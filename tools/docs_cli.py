@@ -28,7 +28,7 @@ GROUPS = (
     ("Generation and Hugging Face", ("nsl.generate", "nsl.hf")),
     ("Scaling laws", ("nsl.scaling.grid", "nsl.scaling.fit", "nsl.scaling.plot", "nsl.scaling.study")),
     ("Benchmarks", ("nsl.bench.train_step", "nsl.bench.attention", "nsl.bench.decode", "nsl.bench.prepare",
-                    "nsl.bench.pipeline")),
+                    "nsl.bench.pipeline", "nsl.bench.startup")),
     ("Internal", ("nsl.kernels.cpu_build", "nsl.scaling.backends")),
 )
 SUBCOMMANDS = {"nsl.scaling.grid": ("list", "run", "status"), "nsl.models.teacher": ("precompute",),
