@@ -185,7 +185,8 @@ def load_manifest(data_dir: str) -> dict:
   path = storage.join(data_dir, MANIFEST)
   if not storage.isfile(path):
     what = "does not exist" if not storage.isdir(data_dir) else f"has no {MANIFEST}"
-    hint = ("prepare it locally and copy the directory there (docs/guide/data.md#data-in-object-storage)"
+    hint = (f"run `python -m nsl.data.prepare --source=... --out={data_dir}` first, or copy a prepared dir there "
+            "(docs/guide/data.md#data-in-object-storage)"
             if storage.is_remote(data_dir) else f"run `python -m nsl.data.prepare --source=... --out={data_dir}` first")
     raise DataError(f"data dir {data_dir} {what}; {hint}")
   manifest = _read_json(path)
@@ -231,8 +232,11 @@ def tokenizer_fingerprint(data_dir: str, manifest: dict) -> str:
   """The tokenizer identity of a data dir: its spec plus the sha256 of its file (BPE, GPT-2), so
   two BPEs trained on different text differ. Data dirs compare equal iff their ids mean the same."""
   name = tokenizer_file(manifest)
-  path = os.path.join(data_dir, name) if name else ""
-  digest = sha256_file(path) if name and os.path.isfile(path) else ""
+  path = storage.join(data_dir, name) if name else ""
+  if name and storage.is_remote(data_dir):  # read in place: the dir need not be fetched whole
+    digest = hashlib.sha256(storage.Path(path).read_bytes()).hexdigest() if storage.isfile(path) else ""
+  else:
+    digest = sha256_file(path) if name and os.path.isfile(path) else ""
   return json.dumps(manifest["tokenizer"], sort_keys=True) + digest
 
 

@@ -43,7 +43,8 @@ from typing import Sequence
 
 import numpy as np
 
-from nsl.data import datadir, encode_pool
+from nsl import storage
+from nsl.data import datadir, encode_pool, prepare_remote
 from nsl.data import sources as sources_lib
 from nsl.data import tokenizers as tok_lib
 # Re-exported: `prepare.load_manifest` & co. are where readers outside nsl/data have always found them.
@@ -183,7 +184,7 @@ def _tokenize_into(staging, tokenizer, spec, sources, val_fraction, seed, shard_
         index += 1
       progress.update(lengths.size, int(lengths.sum()) + lengths.size)
       since_journal += int(lengths.sum()) + lengths.size
-      if since_journal >= shard_tokens and held is None:
+      if held is None and staging.due(since_journal, shard_tokens, train, val):
         staging.save(index, spec, train, val)
         since_journal = 0
   finally:
@@ -201,8 +202,6 @@ class _Reused:
 
   def __init__(self, data_dir: str):
     flag = f"--tokenizer_from={data_dir}"
-    from nsl import storage
-
     # A gs:// dir is read from its local copy; the new manifest records the URL.
     self.source = data_dir if storage.is_remote(data_dir) else os.path.abspath(data_dir)
     try:
@@ -284,8 +283,11 @@ def prepare(out_dir: str, sources: Sequence[str], tokenizer: str = "byte",
     tokenizer = reused.spec["name"]
   _check_args(sources, tokenizer, vocab_size, val_fraction, seed, shard_tokens, max_docs, reused is not None,
               workers)
-  out_dir = os.path.abspath(out_dir)
-  if os.path.isfile(os.path.join(out_dir, MANIFEST)):
+  remote = storage.is_remote(out_dir)
+  out_dir = storage.resolve(out_dir)
+  if remote:  # a bucket: one line before anything is written (nsl.data.prepare_remote)
+    prepare_remote.check_out(out_dir, force)
+  elif os.path.isfile(os.path.join(out_dir, MANIFEST)):
     if not force:
       raise DataError(f"{out_dir} is already prepared; pass --force to rebuild it")
   elif os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
@@ -295,7 +297,8 @@ def prepare(out_dir: str, sources: Sequence[str], tokenizer: str = "byte",
   settings = {"sources": sources, "tokenizer": tokenizer, "vocab_size": vocab_size if tokenizer == "bpe" else None,
               "gpt2_bpe": gpt2_bpe, "tokenizer_from": reused.source if reused is not None else None,
               "val_fraction": val_fraction, "seed": seed, "shard_tokens": shard_tokens, "max_docs": max_docs}
-  with PartialDir(out_dir, settings) as staging:
+  staged = prepare_remote.RemoteDir(out_dir, settings, force) if remote else PartialDir(out_dir, settings)
+  with staged as staging:
     state = staging.load()
     if state is not None:
       spec = state["tokenizer"]
@@ -331,7 +334,7 @@ def prepare(out_dir: str, sources: Sequence[str], tokenizer: str = "byte",
       return staging.install(manifest, force)
     except (DataError, OSError):
       # Someone else (another host on a shared disk) finished first: theirs is as good as ours.
-      if os.path.isfile(os.path.join(out_dir, MANIFEST)):
+      if not remote and os.path.isfile(os.path.join(out_dir, MANIFEST)):
         other = load_manifest(out_dir)
         if not _mismatch(other, out_dir, sources, tokenizer, vocab_size, val_fraction, seed, max_docs, reused):
           return other
@@ -356,7 +359,8 @@ def ensure_prepared(out_dir: str, sources: Sequence[str], tokenizer: str,
     if tokenizer_from is not None:
       raise ConfigError(f"--tokenizer_from does not apply to task source {sources[0]!r} (tasks have their own ids)")
     return task_data.ensure_task_prepared(out_dir, list(sources))
-  if os.path.isfile(os.path.join(out_dir, MANIFEST)):
+  storage.check_bucket(out_dir, "--out")  # a local path: nothing to check
+  if storage.isfile(storage.join(out_dir, MANIFEST)):
     manifest = load_manifest(out_dir)
     reused = _Reused(tokenizer_from) if tokenizer_from is not None else None
     diff = _mismatch(manifest, out_dir, sources, reused.spec["name"] if reused else tokenizer, vocab_size,
@@ -381,7 +385,8 @@ def _parser() -> ArgumentParser:
                  help=f"gpt2 ranks file (default: ${tok_lib.GPT2_BPE_ENV}, else tiktoken download)")
   p.add_argument("--tokenizer_from", default=None, metavar="DATA_DIR",
                  help="reuse the tokenizer of this prepared data dir (e.g. a run's data.path), BPE file included")
-  p.add_argument("--out", required=True)
+  p.add_argument("--out", required=True,
+                 help="the data dir to write: a local directory or gs://bucket/dir (staged and resumed locally)")
   p.add_argument("--val_fraction", type=float, default=DEFAULT_VAL_FRACTION)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--shard_tokens", type=int, default=DEFAULT_SHARD_TOKENS)
@@ -401,8 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       raise ConfigError(f"--tokenizer_from reuses that dir's tokenizer; drop {', '.join(given)}")
   tokenizer = args.tokenizer or "byte"
   vocab_size = DEFAULT_VOCAB_SIZE if args.vocab_size is None else args.vocab_size
-  out = os.path.join(args.out, MANIFEST)
-  if os.path.isfile(out) and not args.force:
+  storage.check_bucket(args.out, "--out")  # an unreachable bucket: one line, before anything else
+  if storage.isfile(storage.join(args.out, MANIFEST)) and not args.force:
     m = ensure_prepared(args.out, args.source, tokenizer, vocab_size=vocab_size,
                         val_fraction=args.val_fraction, seed=args.seed, max_docs=args.max_docs,
                         tokenizer_from=args.tokenizer_from)

