@@ -9,6 +9,9 @@ batch as `pipeline.make_train_iterator` does. Each source's share of the rows co
 last log line is logged as `data_share/NAME`; validation runs on every source's `val` split
 (`eval_val_nll/NAME`), and `eval_val_nll` is their weight-averaged mean (the NLL of the training
 distribution). A source of weight 0 is evaluated but not trained on. NAME is the dir's basename.
+result.json gives each source's bits per byte (`eval_bits_per_byte["val/NAME"]`, from its own
+bytes per token) and the mixture's (`["val"]`): its weighted NLL over its weighted bytes per token,
+the bits of text drawn in the training proportions over its bytes (`TrainerData.record_fields`).
 
 All sources must share one tokenizer (`datadir.tokenizer_fingerprint`): ids that mean different
 things cannot be mixed. Task dirs with labels are not mixable (docs/guide/data.md#mixtures).
@@ -24,7 +27,7 @@ import os
 
 import numpy as np
 
-from nsl.data import datadir, pipeline
+from nsl.data import bytes_per_token, datadir, pipeline
 from nsl.errors import ConfigError, DataError
 
 SEED_STRIDE = 7919  # source i shuffles with seed + SEED_STRIDE * i: distinct orders per source
@@ -186,6 +189,7 @@ class TrainerData:
 
   def __init__(self, config, process_index: int, process_count: int):
     d, t = config.data, config.train
+    self.sources = parse(d.mixture)
     self.train_iter = make_train_iterator(d.mixture, d.seq_len, t.batch_size, config.seed, process_index,
                                           process_count, d.verify)
     self.evals = make_eval_batches(d.mixture, d.seq_len, t.batch_size // t.grad_accum, t.eval_batches,
@@ -201,6 +205,34 @@ class TrainerData:
     out = {"eval_val_nll" + suffix: mean_nll(per, {n: w for n, (w, _) in self.evals.items()})}
     out.update({f"eval_val_nll{suffix}/{n}": v for n, v in per.items()})
     return out
+
+  def record_fields(self, evals: dict[str, float]) -> dict:
+    """result.json's bytes and bits per byte (as `bytes_per_token.record_fields` for one dir): the
+    mixture's `val_bytes_per_token` (the sources' weighted mean over positive weights),
+    `val_byte_counts` (the measured text's bytes, targets and tokens summed, and each source's
+    under `sources`) and `eval_bits_per_byte` of every key of `evals` ("val", "val/NAME", with the
+    trainer's suffix). {} when a source has no bytes (a task dir) or cannot be read."""
+    counts = {}
+    for s in self.sources:
+      try:
+        counts[s.name] = bytes_per_token.measure(s.path, "val")
+      except (DataError, OSError, ValueError, KeyError):
+        return {}
+      if not counts[s.name] or not counts[s.name].get("bytes_per_token"):
+        return {}
+    weights = {s.name: s.weight for s in self.sources}
+    bpt = mean_nll({n: c["bytes_per_token"] for n, c in counts.items()}, weights)  # the same weighting
+    keys = ("bytes", "targets", "tokens_read")
+    bits = {}
+    for key, nats in evals.items():
+      name = key.partition("/")[2]
+      if isinstance(nats, (int, float)) and math.isfinite(nats) and (not name or name in counts):
+        bits[key] = bytes_per_token.bits_per_byte(nats, counts[name]["bytes_per_token"] if name else bpt)
+    sources = {n: {**{k: c[k] for k in keys}, "bytes_per_token": c["bytes_per_token"], "weight": weights[n]}
+               for n, c in counts.items()}
+    return {"val_bytes_per_token": bpt,
+            "val_byte_counts": {**{k: sum(c[k] for c in counts.values()) for k in keys}, "sources": sources},
+            "eval_bits_per_byte": bits}
 
 
 def for_trainer(config, process_index: int = 0, process_count: int = 1) -> TrainerData | None:

@@ -221,6 +221,7 @@ class Trainer:
     # reports the same figures as an uninterrupted one.
     carried = self.resumed_meta.get("record", {}) if int(self.resumed_meta.get("step", -1)) == start else {}
     status, last_loss, eval_loss = "done", carried.get("last_loss"), carried.get("eval_val")
+    eval_sources = carried.get("eval_sources") or {}  # a mixture's per-source validation NLLs
     eval_step = carried.get("eval_step")
     nonfinite_total = int(carried.get("nonfinite_total", 0))
     nonfinite_since = None  # on-device sum of the per-step flags since the last log line
@@ -232,7 +233,8 @@ class Trainer:
     step = start
 
     def record_meta():
-      meta["record"] = {"last_loss": last_loss, "eval_val": eval_loss, "eval_step": eval_step,
+      meta["record"] = {"last_loss": last_loss, "eval_val": eval_loss, "eval_sources": eval_sources,
+                        "eval_step": eval_step,
                         "nonfinite_total": nonfinite_total, **timing()}
       return meta
 
@@ -273,7 +275,7 @@ class Trainer:
                              "in the workdir — lower train.lr or check the data")
           if step % t.eval_every == 0 and step < t.steps:
             evals = self.evaluations(state.params)
-            eval_loss, eval_step = evals["eval_val_nll" + self.eval_suffix], step
+            (eval_loss, eval_sources), eval_step = self._val(evals), step
             writer.write(step, evals)
           if step % cfg.checkpoint.every == 0 and step < t.steps:
             if nonfinite_since is not None:  # the count in the checkpoint is exact at its step
@@ -292,7 +294,7 @@ class Trainer:
         # Evaluated before the final checkpoint, which then records it: a kill between the two
         # writes costs only this evaluation, and a rerun rewrites result.json from the checkpoint.
         evals = self.evaluations(state.params)
-        eval_loss, eval_step = evals["eval_val_nll" + self.eval_suffix], step
+        (eval_loss, eval_sources), eval_step = self._val(evals), step
         writer.write(step, evals)
       if self.checkpointer.latest_step() != step:
         if self.is_main:
@@ -312,7 +314,7 @@ class Trainer:
         self.checkpointer.close()
       finally:
         result = self._result(status, step, last_loss, eval_loss, timing(), nonfinite_total,
-                              state if status != "failed" else None)
+                              state if status != "failed" else None, eval_sources)
         if self.is_main:
           metrics.write_json(os.path.join(self.records.local, "result.json"), result)
           self.records.push()
@@ -322,16 +324,27 @@ class Trainer:
     self.final_state = state
     return result
 
-  def _result(self, status, step, last_loss, eval_loss, timing, nonfinite_total, state=None) -> dict[str, Any]:
+  def _val(self, evals: dict[str, float]) -> tuple[float, dict[str, float]]:
+    """An evaluation's validation NLL and, for a mixture, each source's ({NAME: NLL}; {} otherwise)."""
+    key = "eval_val_nll" + self.eval_suffix
+    names = [s.name for s in self.mixture.sources] if self.mixture else []
+    return evals[key], {n: evals[f"{key}/{n}"] for n in names}
+
+  def _result(self, status, step, last_loss, eval_loss, timing, nonfinite_total, state=None,
+              eval_sources=None) -> dict[str, Any]:
     tokens = step * self.tokens_per_step
     evals = {"val" + self.eval_suffix: eval_loss} if eval_loss is not None else {}
+    if eval_loss is not None:  # a mixture: each source's split beside the weighted mean
+      evals.update({f"val{self.eval_suffix}/{n}": v for n, v in (eval_sources or {}).items()})
+    byte_fields = (self.mixture.record_fields(evals) if self.mixture
+                   else bytes_per_token.record_fields(self.data_path, evals))
     return {
         "status": status, "family": self.config.family, "variant": self.config.model.variant,
         "seed": self.config.seed, "init_seed": nsl_config.init_seed(self.config),
         "steps": step, "tokens": tokens, **self.counts,
         "flops_per_token": self.flops_per_token, "flops": self.flops_per_token * tokens,
         "flops_convention": FLOPS_CONVENTION, "final_loss": last_loss,
-        "eval": evals, **bytes_per_token.record_fields(self.data_path, evals),
+        "eval": evals, **byte_fields,
         "unigram_entropy_nats": self.manifest.get("unigram_entropy_nats"),
         **timing, "nonfinite_steps": nonfinite_total, "devices": jax.device_count(),
         "processes": jax.process_count(), "nsl_version": nsl.__version__,

@@ -113,3 +113,52 @@ def test_checkpoint_restores_the_mixture_position(dirs, tmp_path):
   ckpt.restore(7, jax.eval_shape(lambda: state), resumed)
   for step in range(7, 12):
     np.testing.assert_array_equal(next(resumed)["tokens"], want[step])
+
+
+@pytest.fixture(scope="module")
+def bpe_run(tmp_path_factory, corpus, make_corpus):
+  """A 3-step mixture run on two BPE dirs of different text (one tokenizer: b reuses a's), weights 3:1."""
+  from tests.helpers import SHORT_RUN, tiny_config
+  from nsl.train import loop
+
+  root = tmp_path_factory.mktemp("mixrun")
+  make_corpus(str(root / "other_corpus"), num_docs=40, seed=9)
+  a, b = str(root / "a"), str(root / "b")
+  prepare_lib.prepare(a, [corpus[0]], "bpe", vocab_size=300, val_fraction=0.2)
+  prepare_lib.prepare(b, [str(root / "other_corpus" / "*.txt")], val_fraction=0.2, tokenizer_from=a)
+  config = tiny_config(a, **SHORT_RUN, **{"data.mixture": f"{a}=3,{b}=1", "model.vocab_size": 320})
+  workdir = str(root / "run")
+  return a, b, workdir, config, loop.Trainer(config, workdir, progress=False).run()
+
+
+def test_mixture_runs_record_each_sources_bits_per_byte_and_the_mixtures(bpe_run):
+  import json
+  import math
+
+  from nsl.data import bytes_per_token
+
+  a, b, workdir, config, result = bpe_run
+  assert result["status"] == "done"
+  ev, bits = result["eval"], result["eval_bits_per_byte"]
+  assert set(ev) == set(bits) == {"val", "val/a", "val/b"}
+  assert ev["val"] == pytest.approx((3 * ev["val/a"] + ev["val/b"]) / 4)
+  counts = {"a": bytes_per_token.measure(a), "b": bytes_per_token.measure(b)}
+  bpt = {n: c["bytes"] / c["targets"] for n, c in counts.items()}
+  assert bpt["a"] != pytest.approx(bpt["b"], rel=1e-3)  # two texts: the weighting below is seen
+  for n in ("a", "b"):
+    assert bits[f"val/{n}"] == pytest.approx(ev[f"val/{n}"] / math.log(2) / bpt[n])
+    assert result["val_byte_counts"]["sources"][n] == {
+        **{k: counts[n][k] for k in ("bytes", "targets", "tokens_read")}, "bytes_per_token": bpt[n],
+        "weight": 3.0 if n == "a" else 1.0}
+  mixed = (3 * bpt["a"] + bpt["b"]) / 4  # bytes per token of text drawn 3:1
+  assert result["val_bytes_per_token"] == pytest.approx(mixed)
+  assert bits["val"] == pytest.approx(ev["val"] / math.log(2) / mixed)
+  assert result["val_byte_counts"]["bytes"] == counts["a"]["bytes"] + counts["b"]["bytes"]
+  with open(os.path.join(workdir, "result.json")) as f:
+    assert json.load(f)["eval_bits_per_byte"] == bits
+  # Rerun when finished: result.json is rewritten from the checkpoint, the sources' NLLs with it.
+  from nsl.train import loop
+
+  again = loop.Trainer(config, workdir, progress=False).run()
+  for key in ("eval", "eval_bits_per_byte", "val_bytes_per_token", "val_byte_counts"):
+    assert again[key] == result[key], key
