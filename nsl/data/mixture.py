@@ -13,7 +13,8 @@ result.json gives each source's bits per byte (`eval_bits_per_byte["val/NAME"]`,
 bytes per token) and the mixture's (`["val"]`): its weighted NLL over its weighted bytes per token,
 the bits of text drawn in the training proportions over its bytes (`TrainerData.record_fields`).
 
-All sources must share one tokenizer (`datadir.tokenizer_fingerprint`): ids that mean different
+A source may be a data dir in a bucket (`gs://...`): it is read from its local copy, as
+`config.data.path` is (`datadir.fetch`). All sources must share one tokenizer (`datadir.tokenizer_fingerprint`): ids that mean different
 things cannot be mixed. Task dirs with labels are not mixable (docs/guide/data.md#mixtures).
 """
 
@@ -70,7 +71,8 @@ def load_manifests(spec: str, vocab_size: int) -> dict:
   first, fingerprint = None, None
   for s in sources:
     try:
-      manifest = datadir.load_manifest(s.path)
+      local = datadir.fetch(s.path)  # a gs:// source: its copy in $NSL_CACHE_DIR/data/
+      manifest = datadir.load_manifest(local)
     except DataError as e:
       raise DataError(f"config.data.mixture source {s.name}: {e}") from None
     if any("label_shards" in split or "extra_shards" in split for split in manifest["splits"].values()):
@@ -78,7 +80,7 @@ def load_manifests(spec: str, vocab_size: int) -> dict:
     if manifest["vocab_size"] > vocab_size:
       raise ConfigError(f"config.model.vocab_size={vocab_size} is smaller than the {manifest['vocab_size']} "
                         f"ids of mixture source {s.path}; raise config.model.vocab_size")
-    fp = datadir.tokenizer_fingerprint(s.path, manifest)
+    fp = datadir.tokenizer_fingerprint(local, manifest)
     if first is None:
       first, fingerprint = manifest, fp
     elif fp != fingerprint:
@@ -153,7 +155,7 @@ def make_train_iterator(spec: str, seq_len: int, global_batch_size: int, seed: i
     raise ConfigError(f"data seed={seed} must be in [0, 2**32 - {SEED_STRIDE * len(sources)})")
   readers, parts, weights, eos_id = [], [], [], None
   for i, s in enumerate(sources):
-    manifest, tokens, n = pipeline._open_split(s.path, "train", seq_len, verify)  # pylint: disable=protected-access
+    manifest, tokens, n = pipeline._open_split(datadir.fetch(s.path), "train", seq_len, verify)  # pylint: disable=protected-access
     eos_id = manifest["eos_id"] if eos_id is None else eos_id
     readers.append(tokens)
     if s.weight == 0:
@@ -173,7 +175,7 @@ def make_train_iterator(spec: str, seq_len: int, global_batch_size: int, seed: i
 def make_eval_batches(spec: str, seq_len: int, batch_size: int, max_batches: int | None = None,
                       process_index: int = 0, process_count: int = 1) -> dict[str, tuple[float, object]]:
   """{name: (weight, `pipeline.make_eval_batches` over the source's val split)}."""
-  return {s.name: (s.weight, pipeline.make_eval_batches(s.path, "val", seq_len, batch_size, max_batches,
+  return {s.name: (s.weight, pipeline.make_eval_batches(datadir.fetch(s.path), "val", seq_len, batch_size, max_batches,
                                                         process_index, process_count))
           for s in parse(spec)}
 
@@ -215,7 +217,7 @@ class TrainerData:
     counts = {}
     for s in self.sources:
       try:
-        counts[s.name] = bytes_per_token.measure(s.path, "val")
+        counts[s.name] = bytes_per_token.measure(datadir.fetch(s.path), "val")
       except (DataError, OSError, ValueError, KeyError):
         return {}
       if not counts[s.name] or not counts[s.name].get("bytes_per_token"):

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from nsl import storage
-from nsl.data import datadir, encode_pool, prepare, prepare_remote
+from nsl.data import datadir, encode_pool, mixture, prepare, prepare_remote
 from tests.helpers import sotu_texts
 from tests.storage.test_object_storage import gcs  # noqa: F401  the emulator, one bucket `bucket`
 
@@ -74,6 +74,9 @@ def test_prepare_into_a_bucket_resumes_from_the_bucket_alone_with_a_local_prepar
       else:
         assert a.read() == b.read(), name
   assert len(manifest["splits"]["train"]["shards"]) >= 5
+  # A mixture may name it too: read from the same local copy.
+  it = mixture.make_train_iterator(f"{url}=1,{local}=1", 31, 8, seed=0)
+  assert next(it)["tokens"].shape == (8, 32) and set(it.take_shares()) == {"data_share/prepared", "data_share/local"}
   # The same command again: already prepared, in one line of stderr and exit 0.
   assert prepare.main([f"--source={texts}", f"--out={url}", "--tokenizer=bpe", "--vocab_size=300",
                        "--val_fraction=0.2"]) == 0
