@@ -165,12 +165,14 @@ def checkpoint_params(workdir: str, config, family, steps_done=()):
   """(step, params) of every complete checkpoint of the run not in `steps_done`, oldest first."""
   import orbax.checkpoint as ocp
 
+  from nsl import checkpoint
 
   directory = os.path.join(os.path.abspath(workdir), "checkpoints")
   if not os.path.isdir(directory):
     raise NslError(f"--workdir={workdir!r}: no checkpoints directory at {directory}")
   abstract = runs.abstract_train_state(config, family)
-  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
+  with checkpoint.quiet_orbax():  # no absl lines before the curve (or before an error line)
+    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
   try:
     for step in sorted(manager.all_steps()):
       if step not in steps_done:

@@ -2,6 +2,7 @@
 joined with the training record at its step, and kept across reruns (only new steps scored)."""
 
 import json
+import logging
 import os
 
 import flax.linen as nn
@@ -54,7 +55,7 @@ def _fingerprint(params) -> float:
   return round(float(np.asarray(params["embed"]["embedding"]).sum()), 3)
 
 
-def test_every_checkpoint_scored_with_its_train_record(tmp_path, monkeypatch):
+def test_every_checkpoint_scored_with_its_train_record(tmp_path, monkeypatch, caplog):
   config, family, workdir = _run(tmp_path)
   _save(workdir, [(10, 0), (20, 1)], family, config)
   task, prompts, answers = planning.load_test_set(config, None, None)
@@ -81,8 +82,10 @@ def test_every_checkpoint_scored_with_its_train_record(tmp_path, monkeypatch):
   scored = []
   real = planning.score
   monkeypatch.setattr(planning, "score", lambda *a, **k: scored.append(1) or real(*a, **k))
-  assert planning.main(["--workdir", workdir, "--all_checkpoints", "--batch_size=8"]) == 0
+  with caplog.at_level(logging.INFO, logger="absl"):
+    assert planning.main(["--workdir", workdir, "--all_checkpoints", "--batch_size=8"]) == 0
   assert len(scored) == 1
+  assert not [r for r in caplog.records if r.name == "absl" and r.levelno >= logging.WARNING]  # Orbax kept quiet
   with open(os.path.join(workdir, "planning_curve.json")) as f:
     again = json.load(f)
   assert [p["step"] for p in again["points"]] == [10, 20, 30]
