@@ -49,8 +49,9 @@ def token_nll(family, params, batch: dict[str, Any], model=None, **feed):
   return nll * weights, weights
 
 
-def grid_runs(root: str) -> list[tuple[str, str, str]]:
-  """(run dir, group, seed) of every done cell under a grid root, the group its labels but the seed."""
+def grid_runs(root: str, unfinished: bool = False) -> list[tuple[str, str, str]]:
+  """(run dir, group, seed) of every done cell under a grid root, the group its labels but the seed;
+  with `unfinished`, also the cells still training or stopped that have a checkpoint to read."""
   from pathlib import Path
 
   from nsl.scaling import cells as cell_files
@@ -61,7 +62,9 @@ def grid_runs(root: str) -> list[tuple[str, str, str]]:
   for name in sorted(os.listdir(root)):
     d = os.path.join(root, name)
     cell = cell_files.read_json(Path(d) / cell_files.CELL_FILE)
-    if cell is None or cell_files.result_status(Path(d)) != "done":
+    if cell is None:
+      continue
+    if cell_files.result_status(Path(d)) != "done" and not (unfinished and _has_checkpoint(d)):
       continue
     labels = dict(cell.get("labels", {}))
     seed = str(labels.pop("seed", "?"))
@@ -69,6 +72,11 @@ def grid_runs(root: str) -> list[tuple[str, str, str]]:
   if not out:
     raise NslError(f"--root={root}: no done grid cells there (python -m nsl.scaling.grid status --root={root})")
   return out
+
+
+def _has_checkpoint(run: str) -> bool:
+  directory = os.path.join(run, "checkpoints")
+  return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
 
 
 def write_result(result: dict, out: str, plot) -> dict:

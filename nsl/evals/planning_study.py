@@ -1,6 +1,6 @@
 """A planning grid's table and curves (issue #17).
 
-  python -m nsl.evals.planning_study --root=ROOT [--limit=500] [--batch_size=250]
+  python -m nsl.evals.planning_study --root=ROOT [--limit=500] [--batch_size=250] [--unfinished]
 
 
 Every done cell under a grid root (configs/grids/path_star_cpu.py, countdown_cpu.py) gets its
@@ -32,12 +32,13 @@ from nsl.evals import planning
 
 
 def cell_curves(root: str, limit: int | None, batch_size: int, temperature: float = 0.0,
-                sample_seed: int = 0) -> list[dict]:
-  """[{run, group, size, arm, seed, curve}] for every done cell of `root`, curves scored as needed."""
+                sample_seed: int = 0, unfinished: bool = False) -> list[dict]:
+  """[{run, group, size, arm, seed, curve}] for every done cell of `root` (with `unfinished`, every
+  cell with a checkpoint), curves scored as needed."""
   from nsl.evals import common
 
   rows = []
-  for run, group, seed in common.grid_runs(root):
+  for run, group, seed in common.grid_runs(root, unfinished=unfinished):
     with open(os.path.join(run, "cell.json"), encoding="utf-8") as f:
       labels = json.load(f).get("labels", {})
     with open(os.path.join(run, "config.json"), encoding="utf-8") as f:
@@ -131,11 +132,12 @@ def plot(cells: list[dict], path: str) -> None:
 
 
 def study(root: str, limit: int | None = None, batch_size: int = 250, temperature: float = 0.0,
-          sample_seed: int = 0) -> dict:
-  """Score, group, tabulate and plot every done cell of a planning grid root."""
+          sample_seed: int = 0, unfinished: bool = False) -> dict:
+  """Score, group, tabulate and plot every done cell of a planning grid root (with `unfinished`,
+  the cells still training too, up to their latest checkpoint: the table's steps say where)."""
   if not os.path.isdir(root):
     raise NslError(f"--root={root}: not a directory")
-  cells = cell_curves(root, limit, batch_size, temperature, sample_seed)
+  cells = cell_curves(root, limit, batch_size, temperature, sample_seed, unfinished)
   rows = group_rows(cells)
   result = {"root": root, "limit": limit, "temperature": temperature, "groups": rows, "table": table(rows),
             "cells": [{k: c[k] for k in ("run", "group", "seed")} for c in cells]}
@@ -156,8 +158,10 @@ def main(argv=None) -> int:
   p.add_argument("--batch_size", type=int, default=250)
   p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: sampled answers")
   p.add_argument("--sample_seed", type=int, default=0)
+  p.add_argument("--unfinished", action="store_true",
+                 help="also score cells still training (up to their latest checkpoint)")
   a = p.parse_args(argv)
-  print(study(a.root, a.limit, a.batch_size, a.temperature, a.sample_seed)["table"])
+  print(study(a.root, a.limit, a.batch_size, a.temperature, a.sample_seed, a.unfinished)["table"])
   return 0
 
 

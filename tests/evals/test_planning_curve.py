@@ -124,6 +124,12 @@ def test_root_study_groups_seeds_and_reports_each_seeds_last_point(tmp_path):
   assert (root / "planning_study.png").stat().st_size > 0
   assert "`gpt-g` | 2 | 20 |" in (root / "planning_study.md").read_text()
   assert not (root / "seed2-g-gpt" / "planning_curve.json").exists()
+  # --unfinished: the preempted cell joins, up to its latest checkpoint
+  assert planning_study.main(["--root", str(root), "--batch_size=8", "--unfinished"]) == 0
+  with open(root / "planning_study.json") as f:
+    (row,) = json.load(f)["groups"]
+  assert row["seeds"] == ["seed0", "seed1", "seed2"]
+  assert row["accuracy"]["per_seed"][2] == direct["seed2"]["accuracy"]
 
 
 def test_sampled_evaluation_is_reproducible_and_kept_apart_from_greedy(tmp_path):
