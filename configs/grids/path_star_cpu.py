@@ -1,6 +1,7 @@
 """The path-star planning study with the NextLat authors' model and recipe (issue #45): GPT,
 NextLat and MTP on G_{5,5}, 3 seeds each, at the largest trunk one cell can train within
-90 CPU-minutes. Prepared, not yet run (docs/xcheck/nextlat.md "The path-star rerun").
+90 CPU-minutes. Seed 0 of GPT and NextLat has run (docs/papers/nextlat.md#rerun-authors: neither
+learns to follow an edge within 1.02M sequences at this size); MTP and seeds 1-2 follow.
 
 The question (docs/papers/nextlat.md#tasks): next-token GPT settles in the Clever-Hans shortcut
 (first decision after the start node right 1/d = 20% of the time, every later edge followed)
