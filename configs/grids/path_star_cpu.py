@@ -27,11 +27,10 @@ Curves: a checkpoint every 100 steps, all kept; then
   python -m nsl.scaling.grid run --grid=configs/grids/path_star_cpu.py --root=runs/path_star_authors
   python -m nsl.evals.planning_study --root=runs/path_star_authors --limit=1000
 
-scores every checkpoint (first decision and exact match, greedy) against sequences seen. The
-paper evaluates by sampling at temperature 1: `nsl.evals.planning` decodes greedily today
-(`Family.generate` takes `temperature` and `rng`; the evaluator needs the flag), so the sampled
-curves need that option first. Run order: seed 0 of every arm first, so an interrupted study
-still has one full comparison.
+scores every checkpoint (first decision and exact match, greedy) against sequences seen; add
+`--temperature=1` for the paper's protocol (sampled answers) and `--unfinished` to read cells still
+training. Run order: seed 0 of every arm first, so an interrupted study still has one full
+comparison.
 """
 
 from configs import base
