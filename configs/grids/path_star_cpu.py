@@ -1,5 +1,5 @@
-"""The path-star planning study with the NextLat authors' model and recipe (issue #45): GPT,
-NextLat and MTP on G_{5,5}, 3 seeds each, at the largest trunk one cell can train within
+"""The path-star planning study with the NextLat authors' model and recipe (issue #45): GPT
+and NextLat on G_{5,5}, 3 seeds each (MTP seed 0 only), at the largest trunk one cell can train within
 90 CPU-minutes. Seed 0 of GPT and NextLat has run (docs/papers/nextlat.md#rerun-authors: neither
 learns to follow an edge within 1.02M sequences at this size); MTP and seeds 1-2 follow.
 
@@ -38,6 +38,9 @@ from configs import nextlat as nextlat_configs
 
 SEEDS = (0, 1, 2)
 ARMS = ("gpt", "nextlat", "mtp")
+# MTP runs at seed 0 only: the issue makes it optional, and its two more seeds (≈ 2 × 45 CPU-minutes)
+# go to GPT and NextLat, the comparison the paper's claim is about.
+SEED0_ONLY = ("mtp",)
 D, L, N_TRAIN, N_TEST = 5, 5, 200_000, 20_000
 MODEL = (2, 4, 64)  # layers, heads, width
 STEPS = 2_000  # × 512 = 1.02M sequences
@@ -67,5 +70,5 @@ def arm(name: str) -> dict:
 def get_grid():
   common = {"train.steps": STEPS, "train.log_every": 25, "train.eval_every": 500, "train.eval_batches": 4,
             "checkpoint.every": 100, "checkpoint.keep": STEPS // 100}
-  return [{"overrides": common, "axes": {"seed": [seed], "size": [setting()], "config": [arm(a) for a in ARMS]}}
+  return [{"overrides": common, "axes": {"seed": [seed], "size": [setting()], "config": [arm(a) for a in ARMS if seed == 0 or a not in SEED0_ONLY]}}
           for seed in SEEDS]
