@@ -108,8 +108,9 @@ def _planning(spec: dict, ctx: Context) -> Evaluator:
   task, prompts, answers = planning.load_test_set(ctx.config, spec["limit"] or None, spec["data"] or None)
 
   def evaluate(params):
+    # Scalars only (logged metrics); the per-position teacher-forced list is the CLI's.
     out = planning.score(task, ctx.family, params, prompts, answers, spec["batch_size"], spec["temperature"],
-                         spec["sample_seed"])
+                         spec["sample_seed"], teacher_forced=False)
     return {k: v for k, v in out.items() if k != "seconds"}
 
   return evaluate

@@ -13,6 +13,8 @@ same length) for the task's answer length, and scores with the task's checker (p
 Prints one JSON line and writes it to WORKDIR/planning.json. For path-star it also reports the
 accuracy of the first decision after the start node (`first_step_acc`): the token a
 next-token-trained model gets only by chance 1/d ("Clever Hans", Bachmann & Nagarajan 2024).
+Every record also carries `teacher_forced_acc`, one accuracy per answer position with the true
+prefix given: which step of the answer the model has learnt, whatever decoding makes of it.
 
 `--temperature=T` > 0 samples the answers at temperature T instead of decoding greedily (the
 NextLat authors evaluate path-star by sampling at T = 1; see docs/papers/nextlat.md). The draws
@@ -94,16 +96,38 @@ def load_test_set(config, limit: int | None, data_dir: str | None):
   return task, prompts, answers
 
 
+def teacher_forced_acc(family, params, prompts_BP: np.ndarray, answers_BA: np.ndarray,
+                       batch_size: int) -> list[float]:
+  """Per answer position i, how often the family's argmax next token given the true prefix (the
+  prompt and answer tokens < i) is answer token i (`Family.token_logits`, one forward pass a batch).
+  Where decoding fails this says which step of the answer was not learnt: on path-star a model
+  that copies the start and the goal but follows no edge reads 100% / ≈0% … / 100%, and the
+  Clever-Hans shortcut 100% / 1/d / 100% … (docs/papers/nextlat.md#rerun-authors)."""
+  import jax.numpy as jnp
+
+  p, a = prompts_BP.shape[1], answers_BA.shape[1]
+  right_A = np.zeros(a)
+  for i in range(0, len(prompts_BP), batch_size):
+    docs = np.concatenate([prompts_BP[i:i + batch_size], answers_BA[i:i + batch_size]], axis=1)
+    batch = {"tokens": jnp.asarray(docs, jnp.int32), "segment": jnp.ones(docs.shape, jnp.int32)}
+    pred_BT = np.asarray(jnp.argmax(family.token_logits(params, batch), axis=-1))
+    right_A += (pred_BT[:, p - 1:p - 1 + a] == docs[:, p:]).sum(axis=0)
+  return [float(x) for x in right_A / len(prompts_BP)]
+
+
 def score(task, family, params, prompts, answers, batch_size: int, temperature: float = 0.0,
-          sample_seed: int = 0) -> dict:
+          sample_seed: int = 0, teacher_forced: bool = True) -> dict:
   """Exact-match accuracy (and path-star's first decision) of the answers to `prompts`, greedy
-  (temperature 0) or sampled."""
+  (temperature 0) or sampled, and (`teacher_forced`) the teacher-forced accuracy of each answer
+  position."""
   t0 = time.time()
   outputs = _answers(family, params, prompts, task.answer_len(), batch_size, temperature, sample_seed)
   correct = np.array([task.is_correct(p, o, a) for p, o, a in zip(prompts, outputs, answers)])
   result = {"accuracy": float(correct.mean())}
   if task.name == "path_star":
     result["first_step_acc"] = float(np.mean(outputs[:, 1] == answers[:, 1]))
+  if teacher_forced:
+    result["teacher_forced_acc"] = teacher_forced_acc(family, params, prompts, answers, batch_size)
   result["seconds"] = round(time.time() - t0, 2)
   return result
 

@@ -1,6 +1,7 @@
 """The planning eval's greedy decoder is the shared cached one: its continuations equal greedy
 decoding that reruns the training forward per token, for a standard-trunk family (nextlat) and
-for LIFT (its own states fed back)."""
+for LIFT (its own states fed back); the teacher-forced per-position accuracy agrees with greedy
+decoding position by position."""
 
 import os
 
@@ -46,3 +47,13 @@ def test_lift_greedy_batch_feeds_back_its_own_states():
   assert out.shape == (3, 4)
   logits = fam.recompute_feedback_logits(params, jnp.asarray(np.concatenate([PROMPTS, out], axis=1)))
   np.testing.assert_array_equal(out, np.argmax(np.asarray(logits)[:, PROMPTS.shape[1] - 1:-1], axis=-1))
+
+
+def test_teacher_forced_accuracy_is_per_answer_position():
+  fam, params = _family("nextlat.py:nextlat_tiny")
+  out = planning.greedy_batch(fam, params, PROMPTS, 5)
+  # Greedy answers are the teacher-forced argmaxes of their own prefixes (batches of 2 split 3 rows).
+  assert planning.teacher_forced_acc(fam, params, PROMPTS, out, 2) == [1.0] * 5
+  wrong = out.copy()
+  wrong[0, 3] = (wrong[0, 3] + 1) % 64  # one token off: position 3 right in 2 of 3 rows
+  assert planning.teacher_forced_acc(fam, params, PROMPTS, wrong, 2)[:4] == [1.0, 1.0, 1.0, 2 / 3]
