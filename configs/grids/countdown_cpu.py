@@ -17,7 +17,9 @@ Accuracy: `python -m nsl.evals.planning --workdir=CELL` (any correct solution co
 Cost: the 10k-row head dominates (NextLat: L_KL's two frozen-head reads and their 10k-way
 softmaxes). Measured with nsl's earlier NextLat (tied head, a second rollout for L_KL) at load
 ≈ 9-10 on 2 cores: nextlat ≈ 4.3 s/step, gpt 1.07 s/step; the authors' model drops the second
-rollout and adds an untied head's product (≈ 21 MFLOP per token vs GPT's 13; not re-timed).
+rollout and adds an untied head's product (≈ 21 MFLOP per token vs GPT's 13). Run with the
+authors' model (2026-12-05, load ≈ 3): gpt 6.1 CPU-minutes (0.61 s/step), nextlat 10.7 (1.07 s/step);
+results on docs/papers/nextlat.md#countdown.
 
   python -m nsl.scaling.grid run --grid=configs/grids/countdown_cpu.py --root=runs/countdown_cpu
   for d in runs/countdown_cpu/*/; do python -m nsl.evals.planning --workdir=$d; done
