@@ -50,14 +50,14 @@ def step_tokens_per_sec(config, steps: int) -> tuple[float, float]:
     state = prog.init(jax.random.PRNGKey(0))
     batch, key = sharding.global_batch(host, prog.mesh), jax.random.PRNGKey(1)
     t0 = time.perf_counter()
-    compiled = prog.train_step.lower(state, batch, key).compile()
+    compiled = prog.train_step.lower(state, batch, key, prog.schedule).compile()
     compile_s = time.perf_counter() - t0
-    state, m = compiled(state, batch, key)
+    state, m = compiled(state, batch, key, prog.schedule)
     jax.block_until_ready(m)
     times = []
     for _ in range(steps):
       t0 = time.perf_counter()
-      state, m = compiled(state, batch, key)
+      state, m = compiled(state, batch, key, prog.schedule)
       jax.block_until_ready(m)
       times.append(time.perf_counter() - t0)
   return config.train.batch_size * config.data.seq_len / statistics.median(times), compile_s

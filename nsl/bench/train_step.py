@@ -85,15 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     batch = sharding.global_batch(host_batch, mesh)
     key = jax.random.PRNGKey(1)
     t0 = time.perf_counter()
-    compiled = step.lower(state, batch, key).compile()
+    compiled = step.lower(state, batch, key, prog.schedule).compile()
     compile_s = time.perf_counter() - t0
-    state, m = compiled(state, batch, key)  # warm-up
+    state, m = compiled(state, batch, key, prog.schedule)  # warm-up
     jax.block_until_ready(m)
     times, ratios = [], []
     flops = family.flops_per_token() * b * t
     for _ in range(args.steps):
       t0 = time.perf_counter()
-      state, m = compiled(state, batch, key)
+      state, m = compiled(state, batch, key, prog.schedule)
       jax.block_until_ready(m)
       times.append(time.perf_counter() - t0)
       ratios.append(flops / times[-1] / ceiling.sample())

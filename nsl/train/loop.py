@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
@@ -121,7 +122,7 @@ class Trainer:
       storage.makedirs(self.workdir)
       self.lock = checkpoint.WorkdirLock.acquire(self.workdir)  # a second trainer here refuses
       self.records.pull()
-    self.mesh, self.family, self.optimizer, self.schedule = p.mesh, p.family, p.optimizer, p.schedule
+    self.mesh, self.family, self.optimizer = p.mesh, p.family, p.optimizer
     self.state_sharding, self.abstract_state = p.state_sharding, p.abstract_state
     self.counts, self.flops_per_token = p.counts, p.flops_per_token
     self._train_step, self._eval_step, self._init = p.train_step, p.eval_step, p.init
@@ -132,6 +133,7 @@ class Trainer:
     t = config.train
     self.tokens_per_step = config.data.seq_len * t.batch_size
     self.base_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
+    self.schedule = jax.tree.map(jnp.asarray, p.schedule)  # the LR schedule, an argument of every step
     # A weighted mixture of data dirs (config.data.mixture) replaces data.path's stream and split.
     self.mixture = mixture.for_trainer(config, jax.process_index(), jax.process_count())
     self.train_iter = self.mixture.train_iter if self.mixture else pipeline.make_train_iterator(
@@ -247,7 +249,7 @@ class Trainer:
           trace.write(step + 1, local)
           batch = sharding.global_batch(local, self.mesh)
           profiler.before_step(step + 1)
-          state, m = self._train_step(state, batch, self.base_rng)
+          state, m = self._train_step(state, batch, self.base_rng, self.schedule)
           step += 1
           profiler.after_step(step, state)
           nonfinite_since = m["nonfinite"] if nonfinite_since is None else nonfinite_since + m["nonfinite"]

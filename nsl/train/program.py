@@ -35,7 +35,8 @@ class Program:
     t = config.train
     self.tokens_per_step = config.data.seq_len * t.batch_size
     self.optimizer = train_state.make_optimizer(config)
-    self.schedule = train_state.lr_schedule(config)
+    # The LR schedule's numbers: the train step's last argument, so budgets share its compile.
+    self.schedule = train_state.schedule_args(config)
     self.rules = sharding.rules(config)
 
     boxed = jax.eval_shape(lambda r: train_state.create(self.family.init(r), self.optimizer),
@@ -50,9 +51,9 @@ class Program:
 
     self.batch_sharding = sharding.batch_sharding(self.mesh)
     repl = sharding.replicated(self.mesh)
-    step_fn = train_step_lib.make_train_step(self.family, self.optimizer, self.schedule, t.grad_accum)
+    step_fn = train_step_lib.make_train_step(self.family, config, t.grad_accum)
     self._train_fn = self._with_rules(step_fn, "train_step")
-    self.train_step = jax.jit(self._train_fn, in_shardings=(self.state_sharding, self.batch_sharding, repl),
+    self.train_step = jax.jit(self._train_fn, in_shardings=(self.state_sharding, self.batch_sharding, repl, repl),
                               out_shardings=(self.state_sharding, repl), donate_argnums=(0,))
     self.eval_step = jax.jit(self._with_rules(train_step_lib.make_eval_step(self.family), "eval_step"),
                              in_shardings=(self.state_sharding.params, self.batch_sharding), out_shardings=repl)
@@ -85,9 +86,14 @@ class Program:
     key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
     return jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=sharding.replicated(self.mesh))
 
+  def abstract_schedule(self) -> train_state.Schedule:
+    repl = sharding.replicated(self.mesh)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=repl), self.schedule)
+
   def lower_train(self):
     with self.mesh_context():
-      return self.train_step.lower(self.abstract_state, self.abstract_batch(), self.abstract_rng())
+      return self.train_step.lower(self.abstract_state, self.abstract_batch(), self.abstract_rng(),
+                                   self.abstract_schedule())
 
   def lower_eval(self):
     t = self.config.train
@@ -101,7 +107,7 @@ class Program:
     with self.mesh_context(), kernel_registry.record() as picks:
       # A new function object: JAX's trace cache would otherwise replay an earlier trace unseen.
       jax.eval_shape(lambda *args: self._train_fn(*args), self.abstract_state, self.abstract_batch(),
-                     self.abstract_rng())
+                     self.abstract_rng(), self.abstract_schedule())
       kernels = picks.summary()
       return {"platform": sharding.platform(), "attention_impl": kernels.get("attention", "none"),
               "kernels": kernels, "dtype": str(np.dtype(self.family.dims.compute_dtype))}

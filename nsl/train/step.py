@@ -5,6 +5,10 @@ each micro-batch gradient is weighted by its number of targets, so the update eq
 the whole batch at once (token-weighted mean). A non-finite loss or gradient norm skips the
 update (parameters and optimizer state unchanged), is counted in the metrics, and extends
 `nonfinite_run`; the step counter advances either way so data order and RNG stay in step.
+
+The learning-rate schedule's step counts and LRs are an argument of the step
+(`nsl.train.state.Schedule`), not constants of its program: runs that differ only in
+`train.steps`, `warmup_steps`, `decay_steps` or `lr` share one compile (and its cache entry).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from nsl.train import state as train_state
 from nsl.train.state import TrainState
 
 
@@ -24,8 +29,9 @@ def _split_micro(batch: dict[str, Any], accum: int) -> dict[str, Any]:
   return jax.tree.map(lambda x: jnp.swapaxes(x.reshape((x.shape[0] // accum, accum) + x.shape[1:]), 0, 1), batch)
 
 
-def make_train_step(family, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
-                    grad_accum: int) -> Callable:
+def make_train_step(family, config, grad_accum: int) -> Callable:
+  """(state, batch, base_rng, schedule) -> (state, metrics), with `config`'s optimizer
+  (`train_state.make_optimizer`) stepping at the LR of `schedule` (`train_state.schedule_args`)."""
   grad_fn = jax.value_and_grad(family.loss, has_aux=True)
 
   def micro_step(params, batch, rng, step):
@@ -35,7 +41,12 @@ def make_train_step(family, optimizer: optax.GradientTransformation, schedule: o
     weighted = {k: v * w for k, v in metrics.items() if k != "weight"}
     return scaled, loss * w, weighted, w
 
-  def train_step(state: TrainState, batch: dict[str, Any], base_rng: jax.Array):
+  def train_step(state: TrainState, batch: dict[str, Any], base_rng: jax.Array,
+                 schedule: train_state.Schedule):
+    lr = train_state.lr_fn(config, schedule)
+    # Built inside the trace around the runtime schedule; its state's structure is the same as
+    # any other schedule's, so checkpoints restore whatever schedule wrote them.
+    optimizer = train_state.make_optimizer(config, lr)
     rng = jax.random.fold_in(base_rng, state.step)
     if grad_accum == 1:
       g_sum, loss_sum, metric_sums, w_sum = micro_step(state.params, batch, rng, state.step)
@@ -65,7 +76,7 @@ def make_train_step(family, optimizer: optax.GradientTransformation, schedule: o
         nonfinite_run=jnp.where(finite, 0, state.nonfinite_run + 1),
     )
     metrics = {k: v / denom for k, v in metric_sums.items()}
-    metrics.update(loss=loss, grad_norm=grad_norm, lr=schedule(state.step), nonfinite=(~finite).astype(jnp.int32),
+    metrics.update(loss=loss, grad_norm=grad_norm, lr=lr(state.step), nonfinite=(~finite).astype(jnp.int32),
                    targets=w_sum)
     return new_state, metrics
 

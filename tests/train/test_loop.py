@@ -53,7 +53,7 @@ def test_run_writes_the_record_format(data_dir, tmp_path, capsys):
 def test_grad_accumulation_equals_one_big_batch(data_dir):
   config = tiny_config(data_dir)
   family = StandardFamily(config)
-  opt, sched = train_state.make_optimizer(config), train_state.lr_schedule(config)
+  opt = train_state.make_optimizer(config)
   import flax.linen as nn
   state = train_state.create(nn.unbox(family.init(jax.random.PRNGKey(0))), opt)
   rng = np.random.default_rng(0)
@@ -64,8 +64,8 @@ def test_grad_accumulation_equals_one_big_batch(data_dir):
   batch = {"tokens": jnp.asarray(tokens), "segment": jnp.asarray(segment)}
   out = {}
   for accum in (1, 2, 4):
-    step = jax.jit(train_step_lib.make_train_step(family, opt, sched, accum))
-    new_state, m = step(state, batch, jax.random.PRNGKey(1))
+    step = jax.jit(train_step_lib.make_train_step(family, config, accum))
+    new_state, m = step(state, batch, jax.random.PRNGKey(1), train_state.schedule_args(config))
     out[accum] = (new_state.params, float(m["loss"]))
   for accum in (2, 4):
     assert out[accum][1] == pytest.approx(out[1][1], rel=1e-6)

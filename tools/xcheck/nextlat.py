@@ -213,13 +213,14 @@ def cmd_train(a) -> None:
     params = nn.unbox(family.init(jax.random.PRNGKey(a.init_seed)))
   optimizer = train_state.make_optimizer(c)
   state = train_state.create(params, optimizer)
-  step_fn = jax.jit(step_lib.make_train_step(family, optimizer, train_state.lr_schedule(c), 1))
+  step_fn = jax.jit(step_lib.make_train_step(family, c, 1))
+  schedule = train_state.schedule_args(c)
   tokens = np.load(os.path.join(a.batches, "train_tokens.npy"))
   segment = np.load(os.path.join(a.batches, "train_segment.npy"))
   rng = jax.random.PRNGKey(0)
   with open(a.out + ".jsonl", "w") as f:
     for s in range(min(a.steps, len(tokens))):
-      state, m = step_fn(state, _batch(tokens[s], segment[s]), rng)
+      state, m = step_fn(state, _batch(tokens[s], segment[s]), rng, schedule)
       f.write(json.dumps({"step": s + 1, **{k: float(m[k]) for k in TERMS}}) + "\n")
   print(f"{a.out}.jsonl: step {s + 1} loss {float(m['loss']):.4f}")
 

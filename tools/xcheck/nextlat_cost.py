@@ -77,7 +77,8 @@ def main(argv=None) -> None:
   params = nn.unbox(family.init(jax.random.PRNGKey(0)))
   optimizer = train_state.make_optimizer(c)
   state = train_state.create(params, optimizer)
-  step_fn = jax.jit(step_lib.make_train_step(family, optimizer, train_state.lr_schedule(c), 1))
+  step_fn = jax.jit(step_lib.make_train_step(family, c, 1))
+  schedule = train_state.schedule_args(c)
   it = pipeline.make_train_iterator(c.data.path, seq_len=c.data.seq_len, global_batch_size=c.train.batch_size,
                                     seed=c.seed)
   prompts, answers = planning_dir.load_test(c.data.path)
@@ -92,7 +93,7 @@ def main(argv=None) -> None:
                                    "flops_per_token": family.flops_per_token()}}) + "\n")
     for s in range(1, a.steps + 1):
       cpu0, wall0 = time.process_time(), time.perf_counter()
-      state, m = step_fn(state, next(it), rng)
+      state, m = step_fn(state, next(it), rng, schedule)
       loss = float(m["loss"])
       rec = {"step": s, "loss": loss, "ce": float(m.get("ce", m["loss"])), "cpu_s": time.process_time() - cpu0,
              "wall_s": time.perf_counter() - wall0, "load1": os.getloadavg()[0]}

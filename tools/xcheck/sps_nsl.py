@@ -101,7 +101,7 @@ def main():
     out, t0 = common.CurveWriter(a.out), time.time()
     for s in range(a.steps):
       batch = {"tokens": jnp.asarray(toks["tokens"][s]), "segment": jnp.asarray(toks["segment"][s])}
-      state, m = prog.train_step(state, batch, rng)
+      state, m = prog.train_step(state, batch, rng, prog.schedule)
       m = jax.device_get(m)
       out.write({"step": s + 1, "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]),
                  "sec": round(time.time() - t0, 2)})
