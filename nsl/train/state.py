@@ -28,7 +28,7 @@ class Schedule:
   decay_start: Any  # int32: wsd: steps - decay_steps; cosine: W
   decay_len: Any    # int32 >= 1: wsd: max(decay_steps, 1); cosine: max(steps - W, 1)
   warmup_rate: Any  # float32: 1 / max(W, 1)
-  decay_rate: Any   # float32: wsd: 1 / decay_len; cosine: π / decay_len
+  decay_rate: Any   # float32: wsd: 1 / decay_len; cosine: π·(1 / decay_len)
   peak: Any         # float32: train.lr
   floor: Any        # float32: min_lr_ratio·peak, the end of the wsd decay
   drop: Any         # float32: peak - floor
@@ -43,16 +43,15 @@ def schedule_args(config) -> Schedule:
   here are those float32 constants; `peak - floor` is rounded once from float64 as optax's constant was."""
   t = config.train
   peak, floor = float(t.lr), float(t.lr) * float(t.min_lr_ratio)
+  inverse = lambda n: np.float32(1) / np.float32(n)  # a float32 quotient, as XLA's folding gives
   if t.schedule == "cosine":
     decay_start, decay_len = t.warmup_steps, max(t.steps - t.warmup_steps, 1)
+    decay_rate = np.float32(np.pi) * inverse(decay_len)
   else:
     decay_start, decay_len = t.steps - t.decay_steps, max(t.decay_steps, 1)
-  decay_rate = np.float32(1) / np.float32(decay_len)
-  if t.schedule == "cosine":
-    decay_rate = np.float32(np.pi) * decay_rate
+    decay_rate = inverse(decay_len)
   return Schedule(warmup=np.int32(t.warmup_steps), decay_start=np.int32(decay_start),
-                  decay_len=np.int32(decay_len),
-                  warmup_rate=np.float32(1) / np.float32(max(t.warmup_steps, 1)),
+                  decay_len=np.int32(decay_len), warmup_rate=inverse(max(t.warmup_steps, 1)),
                   decay_rate=np.float32(decay_rate), peak=np.float32(peak), floor=np.float32(floor),
                   drop=np.float32(peak - floor))
 
