@@ -3,6 +3,7 @@ self-state adaptation, cached own-state feedback, and teachers (on the fly and p
 
 from __future__ import annotations
 
+import functools
 
 import flax.linen as nn
 import jax
@@ -40,12 +41,30 @@ def tiny_config(variant="lift", **lift_overrides):
 
 
 def params_of(config, seed=0):
-  return nn.unbox(lift.LiftFamily(config).init(jax.random.PRNGKey(seed)))
+  return nn.unbox(jax.jit(lift.LiftFamily(config).init)(jax.random.PRNGKey(seed)))
 
 
 def family_and_params(variant="lift", seed=0, **kw):
-  fam = lift.LiftFamily(tiny_config(variant, **kw))
+  """(family, params), shared by every test asking for the same variant, seed and fields: this
+  file's time is its compiles (jax arrays are immutable and no test changes a family's state)."""
+  return _family_and_params(variant, seed, tuple(sorted(kw.items())))
+
+
+@functools.cache
+def _family_and_params(variant, seed, kw):
+  fam = lift.LiftFamily(tiny_config(variant, **dict(kw)))
   return fam, nn.unbox(jax.jit(fam.init)(jax.random.PRNGKey(seed)))  # jitted: eager init compiles op by op
+
+
+def jit_loss(variant="lift", **kw):
+  """`jax.jit(fam.loss)` of `family_and_params(variant, **kw)`'s family, one wrapper per family, so
+  the tests calling it on batches of one shape share its compile."""
+  return _jit_loss(variant, tuple(sorted(kw.items())))
+
+
+@functools.cache
+def _jit_loss(variant, kw):
+  return jax.jit(family_and_params(variant, **dict(kw))[0].loss)
 
 
 def batch(seed=0, b=2, t=9):
@@ -138,7 +157,9 @@ def _ce_kl(fam, params, b, fed):
 def test_loss_is_ce_plus_lambda_kl_on_fed_teacher_states():
   fam, params = family_and_params()
   b = batch()
-  loss, m = jax.jit(fam.loss)(params, b, jax.random.PRNGKey(0), jnp.asarray(0))
+  # One compile gives the loss and its gradient (a jitted loss and a jitted grad were two).
+  (loss, m), g = jax.jit(jax.value_and_grad(fam.loss, has_aux=True))(params, b, jax.random.PRNGKey(0),
+                                                                     jnp.asarray(0))
   inputs, targets, seg, w = cross_entropy.next_token_targets(b)
   s = jax.nn.one_hot(targets, V)  # the `labels` oracle teacher: one-hot next token
   fed = fam.model.apply({"params": params}, s, seg, None, method=lift.LiftLM.fed_states)
@@ -150,7 +171,6 @@ def test_loss_is_ce_plus_lambda_kl_on_fed_teacher_states():
   kl = lift.topk_forward_kl(s, logits, 1.5, w)
   np.testing.assert_allclose(loss, ce + 1.5 * kl, rtol=1e-5)
   np.testing.assert_allclose(m["kl"], kl, rtol=1e-5)
-  g = jax.jit(jax.grad(lambda p: fam.loss(p, b, jax.random.PRNGKey(0), jnp.asarray(0))[0]))(params)
   assert float(jnp.abs(g["fusion"]["w_down"]).sum()) > 0 and float(jnp.abs(g["init_state"]).sum()) > 0
 
 
@@ -214,17 +234,17 @@ def test_lift_no_states_generates_with_the_channel_off():
 
 def test_variants():
   b = batch()
-  counts = {}
+  counts, metrics = {}, {}
   for variant in lift.VARIANTS:
     fam, params = family_and_params(variant)
-    loss, m = jax.jit(fam.loss)(params, b, jax.random.PRNGKey(0), jnp.asarray(0))
+    loss, metrics[variant] = jit_loss(variant)(params, b, jax.random.PRNGKey(0), jnp.asarray(0))
     assert np.isfinite(float(loss)), variant
     counts[variant] = fam.param_counts()["params_total"]
   assert counts["lift"] == counts["lift_no_states"] == counts["lift_rnn"]
   assert counts["lift"] - counts["distill"] == 5 * D * round(2.2 * D) + 4 * D
   # lift_no_states: CE with b everywhere; lift_rnn: CE + λ KL on its own (cached) states.
   fam, params = family_and_params("lift_rnn")
-  loss, m = jax.jit(fam.loss)(params, b, jax.random.PRNGKey(0), jnp.asarray(0))
+  m = metrics["lift_rnn"]
   inputs, targets, seg, w = cross_entropy.next_token_targets(b)
   own = lift.state_from_logits(fam.feedback_logits(params, inputs), 4, 1.5)
   ce, logits, _, _ = _ce_kl(fam, params, b, fam.fed(params, own, seg))
@@ -349,11 +369,13 @@ def test_lift_rnn_training_keeps_packed_documents_apart():
   # Every document is trained exactly as if it were alone in its row (initial state at its start).
   alone = per_document(lambda t: train_logits(t, jnp.ones_like(t)), inputs, seg)
   np.testing.assert_allclose(base, alone, rtol=1e-4, atol=1e-5)
-  _, m = jax.jit(fam.loss)(params, b, jax.random.PRNGKey(0), jnp.asarray(0))
+  _, m = jit_loss("lift_rnn")(params, b, jax.random.PRNGKey(0), jnp.asarray(0))
   np.testing.assert_allclose(m["ce"], cross_entropy.masked_cross_entropy(base, targets, w)[0], rtol=1e-5)
   # The sequential pass it is fed is the inference decode, document by document.
   fb = fam.feedback_logits(params, inputs, segment_BT=seg)
-  np.testing.assert_allclose(fb, per_document(lambda t: fam.recompute_feedback_logits(params, t), inputs, seg),
+  # The reference jitted per document length: eagerly its T forwards were most of this test's time.
+  recompute = functools.partial(jax.jit(fam.recompute_feedback_logits), params)
+  np.testing.assert_allclose(fb, per_document(recompute, inputs, seg),
                              rtol=1e-4, atol=1e-4)
 
 
@@ -423,10 +445,10 @@ def test_cached_feedback_keeps_the_sliding_window():
   c = tiny_config("lift", top_k=5)
   c.model.window = 2
   fam = lift.LiftFamily(c)
-  params = loud(nn.unbox(fam.init(jax.random.PRNGKey(0))))
+  params = loud(nn.unbox(jax.jit(fam.init)(jax.random.PRNGKey(0))))  # jitted: eager init compiles op by op
   toks = batch(3, b=2, t=7)["tokens"]
-  np.testing.assert_allclose(jax.jit(fam.feedback_logits)(params, toks), fam.recompute_feedback_logits(params, toks),
-                             rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(jax.jit(fam.feedback_logits)(params, toks),
+                             jax.jit(fam.recompute_feedback_logits)(params, toks), rtol=1e-4, atol=1e-4)
 
 
 def test_cached_feedback_with_scanned_layers():
@@ -435,11 +457,11 @@ def test_cached_feedback_with_scanned_layers():
   c = tiny_config("lift", top_k=5)
   c.model.scan_layers = True
   fam = lift.LiftFamily(c)
-  params = nn.unbox(fam.init(jax.random.PRNGKey(0)))
+  params = nn.unbox(jax.jit(fam.init)(jax.random.PRNGKey(0)))  # jitted: eager, the scanned init is many compiles
   assert "layers" in params["trunk"]
   toks = batch(2, b=2, t=6)["tokens"]
-  np.testing.assert_allclose(jax.jit(fam.feedback_logits)(params, toks), fam.recompute_feedback_logits(params, toks),
-                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(jax.jit(fam.feedback_logits)(params, toks),
+                             jax.jit(fam.recompute_feedback_logits)(params, toks), rtol=1e-4, atol=1e-5)
 
 
 def test_feedback_decode_reads_each_layers_kv_in_place():
