@@ -88,6 +88,11 @@ def _scales_after_training(config, seeds=SEEDS):
   return np.mean(np.asarray(out), axis=0)
 
 
+def _init(config, seed: int = 0):
+  """A family's initial parameters, jitted: an eager init compiles op by op (most of a test's time)."""
+  return jax.jit(lambda key: nn.unbox(registry.get_family(config).init(key)))(jax.random.PRNGKey(seed))
+
+
 def _tp5(config):
   """TP5's multipliers for a tied readout (logits × 1/m) and q·k/d_head (nsl's earlier reading)."""
   config.model.mup_readout, config.model.mup_base_head_dim = "linear", 1
@@ -148,12 +153,13 @@ def test_optimizer_scales_hidden_updates_by_one_over_m():
   """One AdamW step from the same gradients: the μP update of a hidden matrix is the SP one / m,
   the embedding's and the gains' are unchanged; without μP the chain is the plain one."""
   c_on, c_off = _config("standard", 256, True), _config("standard", 256, False)
-  params = nn.unbox(registry.get_family(c_off).init(jax.random.PRNGKey(0)))
+  params = _init(c_off)
   grads = jax.tree.map(lambda p: jnp.ones_like(p) * 0.01, params)
   upd = {}
   for key, c in (("on", c_on), ("off", c_off)):
     opt = train_state.make_optimizer(c)
-    upd[key] = opt.update(grads, opt.init(params), params)[0]
+    # One compile per chain: eagerly the per-parameter transforms were hundreds of op compiles.
+    upd[key] = jax.jit(lambda g, p, opt=opt: opt.update(g, opt.init(p), p)[0])(grads, params)
   flat_on = dict(jax.tree_util.tree_flatten_with_path(upd["on"])[0])
   for path, u_off in jax.tree_util.tree_flatten_with_path(upd["off"])[0]:
     factor = 1.0 if mup._name(path) in mup.VECTOR_LIKE else 0.25
@@ -163,16 +169,15 @@ def test_optimizer_scales_hidden_updates_by_one_over_m():
 def test_hidden_init_std_scales_with_one_over_sqrt_m_and_embedding_is_constant():
   stds = {}
   for w in (64, 256):
-    p = nn.unbox(registry.get_family(_config("double_decoder", w, True)).init(jax.random.PRNGKey(0)))
+    p = _init(_config("double_decoder", w, True))
     stds[w] = (float(jnp.std(p["embed"]["embedding"])), float(jnp.std(p["gen_0"]["mlp"]["w_in"])),
                float(jnp.std(p["gen_0"]["combo"]["attn"]["wq"])))
   assert stds[64][0] == pytest.approx(0.02, rel=0.05) and stds[256][0] == pytest.approx(0.02, rel=0.05)
   assert stds[64][1] == pytest.approx(0.02, rel=0.05) and stds[256][1] == pytest.approx(0.01, rel=0.05)
   assert stds[256][2] == pytest.approx(0.01, rel=0.05)
   # At the base width the parameters are exactly the standard parametrisation's.
-  on = registry.get_family(_config("double_decoder", 64, True)).init(jax.random.PRNGKey(0))
-  off = registry.get_family(_config("double_decoder", 64, False)).init(jax.random.PRNGKey(0))
-  jax.tree.map(np.testing.assert_array_equal, nn.unbox(on), nn.unbox(off))
+  on, off = _init(_config("double_decoder", 64, True)), _init(_config("double_decoder", 64, False))
+  jax.tree.map(np.testing.assert_array_equal, on, off)
 
 
 @pytest.mark.parametrize("readout,factor", [("sqrt", 2.0), ("linear", 4.0)])
@@ -237,7 +242,7 @@ def test_dd_cached_generation_under_mup_equals_recomputation():
   from nsl.models import dd_decode
 
   family = registry.get_family(_config("double_decoder", 128, True))
-  params = nn.unbox(family.init(jax.random.PRNGKey(0)))
+  params = jax.jit(lambda key: nn.unbox(family.init(key)))(jax.random.PRNGKey(0))  # eager init: op by op
   prompt = jnp.asarray(np.random.default_rng(1).integers(1, VOCAB, (2, 7)), jnp.int32)
   toks, logits = dd_decode.generate(family, params, prompt, 4)
   ref_toks, ref_logits = dd_decode.generate_uncached(family, params, prompt, 4)
