@@ -28,14 +28,21 @@ def _train(data_dir, workdir, **overrides):
   return result, params, losses
 
 
+@pytest.fixture(scope="module")
+def seed_3(data_dir, tmp_path_factory):
+  """The run at seed 3 with init_seed unset, trained once for both tests that need one: the
+  reference of the unset-keeps-the-bits test and the other-init_seed test's same-seed baseline."""
+  return _train(data_dir, tmp_path_factory.mktemp("seed_3"), seed=3)
+
+
 def _same_bits(a, b) -> bool:
   return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
-def test_unset_init_seed_keeps_the_bits_of_seed(data_dir, tmp_path):
+def test_unset_init_seed_keeps_the_bits_of_seed(data_dir, seed_3, tmp_path):
   """None (the default) and a config from before the field (key absent) train exactly as
   init_seed = seed: existing runs keep their bits."""
-  r_none, p_none, l_none = _train(data_dir, tmp_path / "none", seed=3)
+  r_none, p_none, l_none = seed_3
   r_same, p_same, l_same = _train(data_dir, tmp_path / "same", seed=3, init_seed=3)
   old = tiny_config(data_dir, **{"train.steps": 4, "checkpoint.every": 100, "seed": 3})
   del old["init_seed"]
@@ -46,15 +53,15 @@ def test_unset_init_seed_keeps_the_bits_of_seed(data_dir, tmp_path):
   assert r_none["seed"] == 3 and r_none["init_seed"] == 3
 
 
-def test_init_seed_changes_only_the_initialisation(data_dir, tmp_path):
+def test_init_seed_changes_only_the_initialisation(data_dir, seed_3, tmp_path):
   """Another init_seed: other step-0 parameters, the same batches (data order from seed)."""
   config = tiny_config(data_dir)
   from nsl.train import program
   prog = program.Program(config, jax.devices()[:1])
   with prog.mesh_context():
     init = lambda s: jax.tree.leaves(jax.device_get(prog.init(jax.random.PRNGKey(s)).params))
-  a, b = _train(data_dir, tmp_path / "a", seed=0), _train(data_dir, tmp_path / "b", seed=0, init_seed=5)
-  assert b[0]["init_seed"] == 5 and b[0]["seed"] == 0
+  a, b = seed_3, _train(data_dir, tmp_path / "b", seed=3, init_seed=5)
+  assert b[0]["init_seed"] == 5 and b[0]["seed"] == 3
   assert not _same_bits(a[1], b[1])
   # the batches are the same: the first step's loss differs only by the (small) init difference
   assert abs(a[2][0] - b[2][0]) < 0.05
