@@ -123,7 +123,7 @@ def fake_run(workdir: str, config, seed: int = 7, transform=None):
 
   os.makedirs(workdir)
   fam = registry.get_family(config)
-  params = nn.unbox(fam.init(jax.random.PRNGKey(seed)))
+  params = nn.unbox(jax.jit(fam.init)(jax.random.PRNGKey(seed)))  # jitted: an eager init compiles op by op
   st = train_state.create(transform(params) if transform else params, train_state.make_optimizer(config))
   with open(os.path.join(workdir, "config.json"), "w") as f:
     json.dump(nsl_config.to_dict(config), f)
