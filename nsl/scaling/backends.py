@@ -66,16 +66,33 @@ class _Handle:
     return self.proc.pid if self.proc is not None else None
 
 
+CACHE_MAX_BYTES = 4 << 30  # least recently used entries go first past this
+
+
+def compile_cache_env(cache_dir: str | None) -> dict[str, str]:
+  """The environment that points a cell's JAX at the grid's shared compilation cache. A size
+  limit turns on JAX's file lock, so parallel cells never read an entry while it is written; a
+  JAX_COMPILATION_CACHE_DIR the user set (an empty one turns the cache off) is left alone."""
+  if cache_dir is None or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    return {}
+  return {"JAX_COMPILATION_CACHE_DIR": cache_dir, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+          "JAX_COMPILATION_CACHE_MAX_SIZE": str(CACHE_MAX_BYTES)}
+
+
 class LocalBackend:
-  """Each cell a `python -m nsl.launch` subprocess."""
+  """Each cell a `python -m nsl.launch` subprocess, sharing `compile_cache` (a directory) if given."""
 
   name = "local"
+
+  def __init__(self, compile_cache: str | None = None):
+    self.compile_cache = compile_cache
 
   def command(self, cell, workdir: str) -> list[str]:
     return [sys.executable, "-m", "nsl.launch", *cell.launch_args(workdir)]
 
   def start(self, cell, workdir: str, log_path: str, slot: int) -> _Handle:
-    return _Handle(proc=spawn(self.command(cell, workdir), log_path, env={"NSL_GRID_SLOT": str(slot)}))
+    env = {"NSL_GRID_SLOT": str(slot), **compile_cache_env(self.compile_cache)}
+    return _Handle(proc=spawn(self.command(cell, workdir), log_path, env=env))
 
   def poll(self, handle: _Handle) -> int | None:
     return handle.proc.poll()
@@ -99,6 +116,7 @@ class TpuBackend(LocalBackend):
   name = "tpu"
 
   def __init__(self, script: str = "launch/tpu_pod.sh"):
+    super().__init__(compile_cache=None)  # the pod compiles, not this host
     path = Path(script)
     if not path.is_file() and not path.is_absolute():
       path = Path(__file__).resolve().parents[2] / script
@@ -180,7 +198,7 @@ class RayBackend:
 
 def make_backend(name: str, **kwargs):
   if name == "local":
-    return LocalBackend()
+    return LocalBackend(kwargs.get("compile_cache"))
   if name == "tpu":
     return TpuBackend(kwargs.get("tpu_script") or "launch/tpu_pod.sh")
   if name == "ray":

@@ -338,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
   backend = backends.make_backend(args.backend, tpu_script=args.tpu_script, ray_address=args.ray_address,
                                   ray_num_cpus=args.ray_num_cpus, ray_num_gpus=args.ray_num_gpus,
-                                  ray_resources=args.ray_resources)
+                                  ray_resources=args.ray_resources,
+                                  compile_cache=str(Path(args.root).resolve() / ".jax_cache"))
   counts = runner.Runner(cells, args.root, backend, args.parallel, args.retries, args.poll_seconds).run()
   print(format_table(cell_rows(Path(args.root), [c.run_id for c in cells])))
   return 0 if counts.get("done", 0) == len(cells) else 1

@@ -14,7 +14,7 @@ import pytest
 from nsl.errors import ConfigError
 from nsl.procs import alive
 from nsl.scaling import cells as cell_files, grid
-from nsl.scaling.backends import LocalBackend, TpuBackend
+from nsl.scaling.backends import LocalBackend, TpuBackend, compile_cache_env
 from nsl.scaling.locks import CellLock
 from tests.helpers import ROOT, SUBPROCESS_XLA_FLAGS, make_corpus, run_cli
 
@@ -138,6 +138,16 @@ def test_tpu_backend_builds_the_pod_script_command(tmp_path):
   assert argv[:4] == ["bash", str(script), cell.config_path, "/runs/x"]
   assert argv[4:] == [f"--config.{k}={v}" for k, v in cell.overrides]
   assert LocalBackend().command(cell, "/runs/x")[1:3] == ["-m", "nsl.launch"]
+
+
+def test_local_cells_share_the_grids_compile_cache_unless_the_user_chose_one(monkeypatch):
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+  env = compile_cache_env("/runs/root/.jax_cache")
+  assert env["JAX_COMPILATION_CACHE_DIR"] == "/runs/root/.jax_cache"
+  assert int(env["JAX_COMPILATION_CACHE_MAX_SIZE"]) > 0  # sized, so JAX locks it between parallel cells
+  assert compile_cache_env(None) == {} and TpuBackend().compile_cache is None
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "")  # the user's choice (here: no cache) stands
+  assert compile_cache_env("/runs/root/.jax_cache") == {}
 
 
 def test_cell_lock_is_exclusive_and_stale_locks_are_taken_over(tmp_path):

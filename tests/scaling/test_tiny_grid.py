@@ -45,7 +45,8 @@ def problems_in_record(res: dict, approach: int, min_loss: float) -> list[str]:
 
 
 @pytest.mark.slow
-def test_the_documented_commands_run_clean_and_tell_the_truth(tmp_path):
+def test_the_documented_commands_run_clean_and_tell_the_truth(tmp_path, monkeypatch):
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)  # the grid's own cache, as a user gets it
   root = tmp_path / "grid_tiny"
   commands = documented_commands(root)
   assert [c[1] for c in commands] == ["nsl.scaling.grid", "nsl.scaling.fit", "nsl.scaling.plot"]
@@ -63,6 +64,9 @@ def test_the_documented_commands_run_clean_and_tell_the_truth(tmp_path):
     assert r["status"] == "done" and r["val_bytes_per_token"] == 1.0  # byte-level data
     assert r["eval_bits_per_byte"]["val"] == pytest.approx(r["eval"]["val"] / 0.6931471805599453)
     assert r["flops"] == r["flops_per_token"] * r["tokens"]
+
+  # a model's three budgets share one compiled train step: 2 families x 3 sizes
+  assert len(list((root / ".jax_cache").glob("jit_train_step-*-cache"))) == 6
 
   report = json.loads((root / "fits.json").read_text())
   assert report["method"]["compute"] == "stored training FLOPs"
