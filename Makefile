@@ -31,10 +31,11 @@ demo: $(STAMP)
 # Two workers (CI has 2 cores); a test file stays on one worker so its module fixtures run once.
 # Files are handed out in collection order (tests/conftest.py puts the end-to-end ones first), not
 # xdist's largest-file-first, which left the one-test, minutes-long tiny-grid file to run last, alone.
+# --durations: the slowest tests end every run's output, so the suite's budget is watched where CI runs.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $(VENV)/site
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 tests
 
 # The documentation site (mkdocs.yml, docs/): served with live reload at http://127.0.0.1:8000.
 DOCS_ADDR ?= 127.0.0.1:8000
