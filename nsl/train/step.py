@@ -4,7 +4,8 @@ Gradient accumulation splits the global batch into `grad_accum` micro-batches sc
 each micro-batch gradient is weighted by its number of targets, so the update equals the one of
 the whole batch at once (token-weighted mean). A non-finite loss or gradient norm skips the
 update (parameters and optimizer state unchanged), is counted in the metrics, and extends
-`nonfinite_run`; the step counter advances either way so data order and RNG stay in step.
+`nonfinite_run`; the step counter advances either way so data order, RNG and the LR schedule
+stay in step.
 
 The learning-rate schedule's step counts and LRs are an argument of the step
 (`nsl.train.state.Schedule`), not constants of its program: runs that differ only in
@@ -45,8 +46,11 @@ def make_train_step(family, config, grad_accum: int) -> Callable:
                  schedule: train_state.Schedule):
     lr = train_state.lr_fn(config, schedule)
     # Built inside the trace around the runtime schedule; its state's structure is the same as
-    # any other schedule's, so checkpoints restore whatever schedule wrote them.
-    optimizer = train_state.make_optimizer(config, lr)
+    # any other schedule's, so checkpoints restore whatever schedule wrote them. The LR follows
+    # the step counter, which skipped steps advance too: the LR applied is the one logged, and a
+    # run's decay ends on its last step. The optimizer's own count (Adam's bias correction)
+    # counts applied updates only.
+    optimizer = train_state.make_optimizer(config, lambda _applied: lr(state.step))
     rng = jax.random.fold_in(base_rng, state.step)
     if grad_accum == 1:
       g_sum, loss_sum, metric_sums, w_sum = micro_step(state.params, batch, rng, state.step)

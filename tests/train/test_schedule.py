@@ -143,6 +143,25 @@ def test_a_short_run_trains_as_the_previous_step(monkeypatch):
     np.testing.assert_array_equal(a, b)
 
 
+def test_after_skipped_steps_the_lr_applied_is_the_step_counters_and_the_one_logged():
+  """A state whose counter says 3 while its optimizer has applied nothing (three non-finite steps
+  skipped): the update uses lr(3), as logged, not the LR of the optimizer's own count (0 in a
+  warmup from 0). Adam's first update moves each norm gain by about the LR (m/√v = ±1)."""
+  c = _config("wsd", steps=8, warmup=4, decay=2)
+  family = StandardFamily(c)
+  state = train_state.create(nn.unbox(family.init(jax.random.PRNGKey(0))), train_state.make_optimizer(c))
+  state = state.replace(step=jnp.int32(3))
+  batch = {"tokens": jnp.asarray(np.random.default_rng(0).integers(1, 257, size=(8, 65)), jnp.int32),
+           "segment": jnp.ones((8, 65), jnp.int32)}
+  step = jax.jit(train_step_lib.make_train_step(family, c, 1))
+  new, m = step(state, batch, jax.random.PRNGKey(1), train_state.schedule_args(c))
+  assert float(m["lr"]) == pytest.approx(3e-3 * 3 / 4)
+  moved = [np.abs(np.asarray(a) - np.asarray(b)).max() for a, b, decayed in zip(
+      jax.tree.leaves(new.params), jax.tree.leaves(state.params), jax.tree.leaves(train_state._decay_mask(state.params)))
+      if not decayed]
+  assert moved and max(moved) == pytest.approx(float(m["lr"]), rel=1e-3)
+
+
 def test_budgets_and_lrs_of_one_model_lower_to_one_train_step():
   """What makes a grid's budgets of one size hit the persistent compilation cache: the same
   train-step program text for other steps, warmup, decay and peak LR; another width differs."""
