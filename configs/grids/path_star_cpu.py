@@ -1,8 +1,7 @@
 """The path-star planning study with the NextLat authors' model and recipe (issue #45): GPT
 and NextLat on G_{5,5}, 3 seeds each (MTP seed 0 only), at the largest trunk one cell can train within
-90 CPU-minutes. GPT's three seeds and seed 0 of NextLat and MTP have run
-(docs/papers/nextlat.md#rerun-authors: none learns to follow an edge within 1.02M sequences at
-this size); NextLat's seeds 1-2 follow.
+90 CPU-minutes. All 7 cells have run (docs/papers/nextlat.md#rerun-authors: none learns to follow
+an edge within 1.02M sequences at this size, on any seed).
 
 The question (docs/papers/nextlat.md#tasks): next-token GPT settles in the Clever-Hans shortcut
 (first decision after the start node right 1/d = 20% of the time, every later edge followed)
