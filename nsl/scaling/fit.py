@@ -57,6 +57,33 @@ def compute_multiplier(base: Law, new: Law, C, fpt_base=SIX_ND, fpt_new=SIX_ND):
     return c_eq / C, c_eq, loss, np.isfinite(c_eq)
 
 
+CROSSING_RANGE = (1e3, 1e16)  # tokens searched for the point where two laws' losses meet
+_CROSSING_GRID = 2401  # 0.0054 decades apart: log-linear interpolation between them is exact to ~1e-5
+
+
+def crossing_tokens(base: Law, new: Law, N, d_range=CROSSING_RANGE):
+  """At each size N, the tokens D where the laws meet, L_new(N, D) = L_b(N, D): the first sign
+  change of their difference on a log grid over `d_range`, interpolated in log D. Returns
+  (D_cross, new_ahead): D_cross NaN where they do not meet there; new_ahead, whether the new
+  family's loss is the lower one past the crossing (where none, at every D searched). With L = E + A/N^α + B/D^β on
+  both sides the difference is monotone in D for equal β, so there is at most one crossing then
+  (two otherwise; the first is reported)."""
+  N = np.atleast_1d(np.asarray(N, dtype=float))
+  grid = np.geomspace(*d_range, _CROSSING_GRID)
+  with np.errstate(all="ignore"):
+    diff = new.loss(N[:, None], grid[None, :]) - base.loss(N[:, None], grid[None, :])
+  sign = np.sign(diff)
+  change = (sign[:, :-1] * sign[:, 1:] < 0) & np.isfinite(diff[:, :-1]) & np.isfinite(diff[:, 1:])
+  d_cross = np.full(len(N), np.nan)
+  ahead = np.array([bool(np.isfinite(r).any()) and np.median(r[np.isfinite(r)]) < 0 for r in diff])
+  for i in np.flatnonzero(change.any(axis=1)):
+    j = int(np.argmax(change[i]))
+    lo, hi = np.log(grid[j]), np.log(grid[j + 1])
+    d_cross[i] = float(np.exp(lo + (hi - lo) * diff[i, j] / (diff[i, j] - diff[i, j + 1])))
+    ahead[i] = bool(diff[i, j + 1] < 0)
+  return d_cross, ahead
+
+
 def _jsonable(v):
   """numpy -> Python, non-finite floats -> None (JSON has no NaN)."""
   if isinstance(v, dict):
@@ -101,7 +128,7 @@ def _multipliers(fams: dict, baseline: str) -> dict:
             "reason": f"baseline {baseline!r}: approach 3 skipped ({base['approach3']['reason']})"}
   fpt_b = tuple(base["approach3"]["flops_per_token_model"])
   boots_b = laws_from_rows(base["approach3"]["bootstrap"]["samples_E_A_B_alpha_beta"])
-  out = {"baseline": baseline, "status": "ok", "data": {}, "compute": {}, "identifiable": {}}
+  out = {"baseline": baseline, "status": "ok", "data": {}, "compute": {}, "crossing": {}, "identifiable": {}}
   for name, fam in fams.items():
     law_n = law_of(fam)
     if name == baseline or law_n is None:
@@ -131,6 +158,18 @@ def _multipliers(fams: dict, baseline: str) -> dict:
         {"C": C[i], "loss_new": loss[i], "C_eq": c_eq[i], "multiplier": mult[i], "defined": bool(ok[i]),
          "reason": None if ok[i] else "frontier loss <= baseline E", "ci": interval(bm[:, i])}
         for i in range(len(C))]
+    sizes = np.unique(N)
+    d_cross, ahead = crossing_tokens(law_b, law_n, sizes)
+    seen = [p[1] for f in (base, fam) for p in f["points"]]  # the tokens either family trained on
+    bc = np.array([crossing_tokens(b, n, sizes)[0] for b, n in boots]).reshape(len(boots), len(sizes))
+    out["crossing"][name] = [
+        {"N": sizes[i], "D_cross": d_cross[i], "tokens_per_param": d_cross[i] / sizes[i],
+         "new_ahead": bool(ahead[i]),  # past the crossing; where there is none, at every D searched
+         "extrapolated": bool(np.isfinite(d_cross[i]) and not min(seen) <= d_cross[i] <= max(seen)),
+         "reason": None if np.isfinite(d_cross[i]) else
+         f"the losses do not meet within {CROSSING_RANGE[0]:.0e}..{CROSSING_RANGE[1]:.0e} tokens",
+         "ci": interval(bc[:, i]), "ci_defined_fraction": float(np.isfinite(bc[:, i]).mean()) if boots else None}
+        for i in range(len(sizes))]
   return out
 
 
@@ -233,7 +272,24 @@ def summary(report: dict) -> str:
     tail = "" if ident["identifiable"] else f" ({ident['reason'] or 'identifiability not checked'})"
     lines.append(f"  {name} vs {mult['baseline']}: data multiplier D_eq/D {rng(vals)} "
                  f"({len(rows) - len(vals)}/{len(rows)} undefined), compute multiplier C_eq/C {rng(cvals)}{tail}")
+    lines.append(f"    {_crossing_line(name, mult['baseline'], mult['crossing'][name])}")
   return "\n".join(lines)
+
+
+def _crossing_line(name: str, baseline: str, rows: list[dict]) -> str:
+  """One line: where the two laws' losses meet, over the family's sizes, and who leads past it."""
+  met = [r for r in rows if r["D_cross"] is not None and np.isfinite(r["D_cross"])]
+  lead = lambda rs: {name if r["new_ahead"] else baseline for r in rs}
+  if not met:
+    who = lead(rows)
+    return (f"losses meet at no size within {CROSSING_RANGE[0]:.0e}..{CROSSING_RANGE[1]:.0e} tokens ("
+            + (f"{who.pop()} ahead at every D)" if len(who) == 1 else "which one leads varies by size)"))
+  d, tpp, who = [r["D_cross"] for r in met], [r["tokens_per_param"] for r in met], lead(met)
+  beyond = f"{who.pop()} ahead beyond" if len(who) == 1 else "the side past it varies by size"
+  outside = sum(r["extrapolated"] for r in met)
+  note = f"; {outside} of them outside the tokens trained on: extrapolated" if outside else ""
+  return (f"losses meet at D {min(d):.3g}..{max(d):.3g} tokens ({min(tpp):.3g}..{max(tpp):.3g} per parameter; "
+          f"{len(met)}/{len(rows)} sizes{note}), {beyond}")
 
 
 def write_json(report: dict, out: Path) -> None:

@@ -133,6 +133,24 @@ def test_multiplier_undefined_below_baseline_asymptote():
   assert not cok[0] and np.isnan(cm[0])
 
 
+def test_crossing_where_a_lower_floor_overtakes_a_faster_start():
+  """E_n < E_b but B_n > B_b: the new family is behind on few tokens and ahead past
+  D* = ((B_n − B_b)/(E_b − E_n))^{1/β}; a family with 2x the effective data never meets it."""
+  late = Law(E=HOFFMANN.E - 0.05, A=HOFFMANN.A, B=HOFFMANN.B * 1.5, alpha=HOFFMANN.alpha, beta=HOFFMANN.beta)
+  want = (0.5 * HOFFMANN.B / 0.05) ** (1 / HOFFMANN.beta)
+  N = np.array([1e7, 1e9])
+  d, ahead = F.crossing_tokens(HOFFMANN, late, N)
+  np.testing.assert_allclose(d, want, rtol=1e-4)
+  assert ahead.all()
+  np.testing.assert_allclose(late.loss(N, d), HOFFMANN.loss(N, d), rtol=1e-6)
+  d, ahead = F.crossing_tokens(late, HOFFMANN, N)  # the other way round: the baseline leads past it
+  np.testing.assert_allclose(d, want, rtol=1e-4)
+  assert not ahead.any()
+  twice = Law(HOFFMANN.E, HOFFMANN.A, HOFFMANN.B * 2 ** -HOFFMANN.beta, HOFFMANN.alpha, HOFFMANN.beta)
+  d, ahead = F.crossing_tokens(HOFFMANN, twice, N)
+  assert np.isnan(d).all() and ahead.all()
+
+
 def test_bootstrap_refits_resamples(fits):
   N, D, L = synthetic_grid(EPOCH)
   rows, dropped = F.bootstrap_laws(N, D, L, fits["epoch"], n_boot=6, seed=0)

@@ -52,8 +52,9 @@ def test_jsonl_with_families_and_stored_compute(tmp_path, capsys):
   mult = report["multipliers"]
   assert mult["status"] == "ok" and mult["baseline"] == "base"
   assert np.median([r["multiplier"] for r in mult["data"]["fast"]]) == pytest.approx(2.0, rel=0.2)
+  assert [r["N"] for r in mult["crossing"]["fast"]] == sorted({r["N"] for r in rows})  # one per size
   printed = capsys.readouterr().out
-  assert "fast vs base" in printed and "identifiability not checked" in printed
+  assert "fast vs base" in printed and "identifiability not checked" in printed and "losses meet" in printed
 
 
 def test_other_family_names_get_no_baseline_message(tmp_path, capsys):
