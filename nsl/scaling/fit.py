@@ -65,9 +65,9 @@ def crossing_tokens(base: Law, new: Law, N, d_range=CROSSING_RANGE):
   """At each size N, the tokens D where the laws meet, L_new(N, D) = L_b(N, D): the first sign
   change of their difference on a log grid over `d_range`, interpolated in log D. Returns
   (D_cross, new_ahead): D_cross NaN where they do not meet there; new_ahead, whether the new
-  family's loss is the lower one past the crossing (where none, at every D searched). With L = E + A/N^α + B/D^β on
-  both sides the difference is monotone in D for equal β, so there is at most one crossing then
-  (two otherwise; the first is reported)."""
+  family's loss is the lower one past the crossing (where none, at every D searched). With
+  L = E + A/N^α + B/D^β on both sides the difference is monotone in D for equal β, so there is
+  at most one crossing then (two otherwise; the first is reported)."""
   N = np.atleast_1d(np.asarray(N, dtype=float))
   grid = np.geomspace(*d_range, _CROSSING_GRID)
   with np.errstate(all="ignore"):
