@@ -7,9 +7,9 @@ spend the same standard-transformer training FLOPs (16-215 steps, 16k-220k token
 approaches of `nsl.scaling.fit` have something to read. SPS cells train on the same tokens as the
 standard ones; at about 1.9x the FLOPs per token they form their own slices, 1.9x up the compute
 axis. The WSD schedule warms up for 4 steps and decays over the last 8. A cell takes 10-40 s here.
-Run, fit and plot it with:
+Run (two cells at a time), fit and plot it with:
 
-  python -m nsl.scaling.grid run --grid=configs/grids/tiny.py --root=runs/grid_tiny
+  python -m nsl.scaling.grid run --grid=configs/grids/tiny.py --root=runs/grid_tiny --parallel=2
   python -m nsl.scaling.fit runs/grid_tiny
   python -m nsl.scaling.plot --root=runs/grid_tiny
 

@@ -10,7 +10,9 @@ Multipliers compare each family's approach-3 law with a baseline's: the data mul
 L_b(N, D_eq) = L_new(N, D) at the family's own (N, D) points (undefined where L_new is at or below
 the baseline's asymptote E_b + A_b/N^α_b), and the effective-compute multiplier C_eq/C, the
 baseline's least compute reaching the loss the family reaches at C on its own frontier, both in
-stored training FLOPs (each family's FLOPs per token as fitted from its records).
+stored training FLOPs (each family's FLOPs per token as fitted from its records). Beside them, with
+no law at all, each run's D_eq/D read off the baseline's runs at the same size
+(`observed_data_multiplier`), which holds where the points cannot identify a law.
 """
 
 from __future__ import annotations
@@ -82,6 +84,48 @@ def crossing_tokens(base: Law, new: Law, N, d_range=CROSSING_RANGE):
     d_cross[i] = float(np.exp(lo + (hi - lo) * diff[i, j] / (diff[i, j] - diff[i, j + 1])))
     ahead[i] = bool(diff[i, j + 1] < 0)
   return d_cross, ahead
+
+
+SAME_SIZE_RTOL = 0.05  # a baseline run "at the same N" may differ by this much (e.g. a few vocabulary rows)
+
+
+def observed_data_multiplier(base_pts, N: float, D: float, loss: float, rtol: float = SAME_SIZE_RTOL) -> dict:
+  """D_eq/D read off the baseline's own runs, no law: at the baseline size nearest N (within
+  `rtol`), the tokens at which its loss reaches `loss`, interpolated linearly in log D between the
+  two budgets whose losses bracket it (the first such pair in D). `base_pts` is [k, 3] of (N, D,
+  loss). Where the loss lies outside the baseline's losses at that size, `bound` says which side
+  of the nearest budget D_eq lies on, e.g. ["<", 0.5]: the baseline's smallest run is already as
+  good. One run per cell, so no interval; the law's multiplier carries those."""
+  row = {"N": N, "D": D, "loss": loss, "N_baseline": None, "D_eq": None, "multiplier": None,
+         "defined": False, "bound": None, "reason": None}
+  base_pts = np.asarray(base_pts, dtype=float).reshape(-1, 3)
+  sizes = np.unique(base_pts[:, 0])
+  near = sizes[np.argmin(np.abs(np.log(sizes / N)))] if len(sizes) else None
+  if near is None or abs(near / N - 1) > rtol:
+    return {**row, "reason": f"no baseline run within {rtol:.0%} of N"}
+  at = base_pts[base_pts[:, 0] == near]
+  at = at[np.argsort(at[:, 1])]
+  Ds, Ls = at[:, 1], at[:, 2]
+  row["N_baseline"] = near
+  if len(Ds) < 2:
+    return {**row, "reason": "fewer than 2 baseline budgets at this size"}
+  for j in range(len(Ds) - 1):
+    if (Ls[j] - loss) * (Ls[j + 1] - loss) <= 0 and Ls[j] != Ls[j + 1]:
+      t = (loss - Ls[j]) / (Ls[j + 1] - Ls[j])
+      d_eq = float(np.exp(np.log(Ds[j]) + t * (np.log(Ds[j + 1]) - np.log(Ds[j]))))
+      return {**row, "D_eq": d_eq, "multiplier": d_eq / D, "defined": True}
+  if loss > Ls.max():
+    return {**row, "bound": ["<", Ds[np.argmax(Ls)] / D],
+            "reason": "loss above every baseline run at this size (D_eq below its budgets)"}
+  return {**row, "bound": [">", Ds[np.argmin(Ls)] / D],
+          "reason": "loss below every baseline run at this size (D_eq beyond its budgets)"}
+
+
+def _observed(fams_points: dict, baseline: str) -> dict:
+  """Every other family's points against the baseline's runs (`observed_data_multiplier`)."""
+  base = np.array([[p.N, p.D, p.loss] for p in fams_points[baseline]])
+  return {name: [observed_data_multiplier(base, p.N, p.D, p.loss) for p in sorted(pts, key=lambda p: (p.N, p.D))]
+          for name, pts in fams_points.items() if name != baseline}
 
 
 def _jsonable(v):
@@ -192,6 +236,7 @@ def fit_source(ps: PointSet, *, baseline: str | None = None, n_boot: int = 200, 
                       f"no family {DEFAULT_BASELINE!r}: pass --baseline=FAMILY to compare families"}
   else:
     mult = _multipliers(fams, base)
+    mult["observed"] = _observed(fams_points, base)
   mult["requested"] = baseline is not None
   return _jsonable({
       "method": {"approach1": "envelope of loss vs compute; N_opt, D_opt = k C^a through it",
@@ -263,6 +308,7 @@ def summary(report: dict) -> str:
   if mult["status"] != "ok":
     if mult.get("requested") or len(report["families"]) > 1:
       lines.append(f"  multipliers: {mult['reason']}")
+    lines += [f"  {_observed_line(n, mult['baseline'], rows)}" for n, rows in mult.get("observed", {}).items()]
     return "\n".join(lines)
   rng = lambda v: f"{min(v):.3g}..{max(v):.3g}" if v else "undefined"
   for name, rows in mult["data"].items():
@@ -273,7 +319,21 @@ def summary(report: dict) -> str:
     lines.append(f"  {name} vs {mult['baseline']}: data multiplier D_eq/D {rng(vals)} "
                  f"({len(rows) - len(vals)}/{len(rows)} undefined), compute multiplier C_eq/C {rng(cvals)}{tail}")
     lines.append(f"    {_crossing_line(name, mult['baseline'], mult['crossing'][name])}")
+    lines.append(f"    {_observed_line(name, mult['baseline'], mult.get('observed', {}).get(name, []))}")
   return "\n".join(lines)
+
+
+def _observed_line(name: str, baseline: str, rows: list[dict]) -> str:
+  """One line: the law-free data multipliers read off the baseline's runs at the same sizes."""
+  vals = [r["multiplier"] for r in rows if r["defined"]]
+  below = sum(1 for r in rows if r["bound"] and r["bound"][0] == "<")
+  above = sum(1 for r in rows if r["bound"] and r["bound"][0] == ">")
+  rest = len(rows) - len(vals) - below - above
+  body = f"{min(vals):.3g}..{max(vals):.3g} at {len(vals)}/{len(rows)} points" if vals else f"at 0/{len(rows)} points"
+  notes = ([f"{below} below {baseline}'s budgets"] if below else []) + ([f"{above} beyond them"] if above else []) \
+      + ([f"{rest} without a {baseline} size within {SAME_SIZE_RTOL:.0%}"] if rest else [])
+  return (f"read off {baseline}'s runs at the same size (no law): {name} D_eq/D {body}"
+          + (f" ({'; '.join(notes)})" if notes else ""))
 
 
 def _crossing_line(name: str, baseline: str, rows: list[dict]) -> str:

@@ -252,6 +252,9 @@ def plot_multipliers(fits, colors, out_dir, c_name):
     curves[ax_d].append(curve)
     samples = np.array([data_multiplier(b, l, n, ratio * n)[0] for b, l in boots]).reshape(-1, len(n))
     _band(ax_d, n, curve, samples, color, f"{name} at D = {ratio:.3g}·N{tag}")
+    seen = [(r["N"], r["multiplier"]) for r in mult.get("observed", {}).get(name, []) if r["defined"]]
+    if seen:  # each run against the baseline's runs at its size: no law, no interval
+      ax_d.scatter(*np.array(seen).T, color=color, marker="x", s=25, label=f"{name}, read off the runs")
     c = np.geomspace(*fam["range"]["C"], 60)
     curve = compute_multiplier(base, law, c, fpt_b, fpt_n)[0]
     curves[ax_c].append(curve)

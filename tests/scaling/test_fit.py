@@ -151,6 +151,24 @@ def test_crossing_where_a_lower_floor_overtakes_a_faster_start():
   assert np.isnan(d).all() and ahead.all()
 
 
+def test_observed_multiplier_reads_the_baseline_runs_at_the_same_size():
+  """No law: the baseline's budgets at the nearest size (within 5%), log-linear in D between the
+  two whose losses bracket the new loss; outside them a bound, elsewhere a reason."""
+  base = np.array([[1e6, 1e6, 3.0], [1e6, 4e6, 2.2], [1e6, 2e6, 2.5], [3e6, 1e6, 2.8]])
+  at = lambda N, D, loss: F.observed_data_multiplier(base, N, D, loss)
+  r = at(1.01e6, 1e6, 2.5)  # exactly the baseline's 2M-token loss, one vocabulary row bigger
+  assert r["defined"] and r["N_baseline"] == 1e6 and r["D_eq"] == pytest.approx(2e6) and r["multiplier"] == pytest.approx(2.0)
+  r = at(1e6, 1e6, 2.75)  # half-way between 1M (3.0) and 2M (2.5): sqrt(2)M in log D
+  assert r["D_eq"] == pytest.approx(np.sqrt(2) * 1e6) and r["multiplier"] == pytest.approx(np.sqrt(2))
+  r = at(1e6, 2e6, 3.2)  # worse than the baseline's smallest run: D_eq < 1M, i.e. multiplier < 0.5
+  assert not r["defined"] and r["bound"] == ["<", 0.5] and "above every baseline run" in r["reason"]
+  r = at(1e6, 1e6, 2.0)  # better than its largest run: multiplier > 4
+  assert not r["defined"] and r["bound"] == [">", 4.0] and "below every baseline run" in r["reason"]
+  assert "fewer than 2 baseline budgets" in at(3e6, 1e6, 2.9)["reason"]
+  r = at(1.5e6, 1e6, 2.5)
+  assert not r["defined"] and r["N_baseline"] is None and "within 5% of N" in r["reason"]
+
+
 def test_bootstrap_refits_resamples(fits):
   N, D, L = synthetic_grid(EPOCH)
   rows, dropped = F.bootstrap_laws(N, D, L, fits["epoch"], n_boot=6, seed=0)
