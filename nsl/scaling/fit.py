@@ -89,43 +89,67 @@ def crossing_tokens(base: Law, new: Law, N, d_range=CROSSING_RANGE):
 SAME_SIZE_RTOL = 0.05  # a baseline run "at the same N" may differ by this much (e.g. a few vocabulary rows)
 
 
+def _read_off(xs, losses, loss: float) -> tuple[float | None, list | None]:
+  """Where a curve of runs (xs ascending, their losses) reaches `loss`: log x interpolated linearly
+  between the first two neighbours whose losses bracket it. Returns (x, None), or (None, bound)
+  with bound ["<", xs at the highest loss] or [">", xs at the lowest] when no pair brackets it."""
+  xs, losses = np.asarray(xs, dtype=float), np.asarray(losses, dtype=float)
+  for j in range(len(xs) - 1):
+    if (losses[j] - loss) * (losses[j + 1] - loss) <= 0 and losses[j] != losses[j + 1]:
+      t = (loss - losses[j]) / (losses[j + 1] - losses[j])
+      return float(np.exp(np.log(xs[j]) + t * (np.log(xs[j + 1]) - np.log(xs[j])))), None
+  return None, (["<", xs[np.argmax(losses)]] if loss > losses.max() else [">", xs[np.argmin(losses)]])
+
+
+def _observed_row(key: str, x: float, loss: float, xs, losses, **extra) -> dict:
+  x_eq, bound = _read_off(xs, losses, loss)
+  side = None if bound is None else ("above every" if bound[0] == "<" else "below every")
+  return {key: x, "loss": loss, **extra, f"{key}_eq": x_eq, "multiplier": None if x_eq is None else x_eq / x,
+          "defined": x_eq is not None, "bound": None if bound is None else [bound[0], bound[1] / x],
+          "reason": None if bound is None else f"loss {side} baseline run it is read against"}
+
+
 def observed_data_multiplier(base_pts, N: float, D: float, loss: float, rtol: float = SAME_SIZE_RTOL) -> dict:
   """D_eq/D read off the baseline's own runs, no law: at the baseline size nearest N (within
-  `rtol`), the tokens at which its loss reaches `loss`, interpolated linearly in log D between the
-  two budgets whose losses bracket it (the first such pair in D). `base_pts` is [k, 3] of (N, D,
-  loss). Where the loss lies outside the baseline's losses at that size, `bound` says which side
-  of the nearest budget D_eq lies on, e.g. ["<", 0.5]: the baseline's smallest run is already as
-  good. One run per cell, so no interval; the law's multiplier carries those."""
-  row = {"N": N, "D": D, "loss": loss, "N_baseline": None, "D_eq": None, "multiplier": None,
-         "defined": False, "bound": None, "reason": None}
+  `rtol`), the tokens at which its loss reaches `loss` (`_read_off` over its budgets). Outside
+  its losses at that size, `bound` says which side of the nearest budget D_eq lies on, e.g.
+  ["<", 0.5]: the baseline's smallest run, at half the tokens, is already as good. One run per
+  cell, so no interval; the law's multiplier carries those. `base_pts` is [k, 3] of (N, D, loss)."""
   base_pts = np.asarray(base_pts, dtype=float).reshape(-1, 3)
   sizes = np.unique(base_pts[:, 0])
   near = sizes[np.argmin(np.abs(np.log(sizes / N)))] if len(sizes) else None
   if near is None or abs(near / N - 1) > rtol:
-    return {**row, "reason": f"no baseline run within {rtol:.0%} of N"}
+    return {"N": N, "D": D, "loss": loss, "N_baseline": None, "D_eq": None, "multiplier": None, "defined": False,
+            "bound": None, "reason": f"no baseline run within {rtol:.0%} of N"}
   at = base_pts[base_pts[:, 0] == near]
   at = at[np.argsort(at[:, 1])]
-  Ds, Ls = at[:, 1], at[:, 2]
-  row["N_baseline"] = near
-  if len(Ds) < 2:
-    return {**row, "reason": "fewer than 2 baseline budgets at this size"}
-  for j in range(len(Ds) - 1):
-    if (Ls[j] - loss) * (Ls[j + 1] - loss) <= 0 and Ls[j] != Ls[j + 1]:
-      t = (loss - Ls[j]) / (Ls[j + 1] - Ls[j])
-      d_eq = float(np.exp(np.log(Ds[j]) + t * (np.log(Ds[j + 1]) - np.log(Ds[j]))))
-      return {**row, "D_eq": d_eq, "multiplier": d_eq / D, "defined": True}
-  if loss > Ls.max():
-    return {**row, "bound": ["<", Ds[np.argmax(Ls)] / D],
-            "reason": "loss above every baseline run at this size (D_eq below its budgets)"}
-  return {**row, "bound": [">", Ds[np.argmin(Ls)] / D],
-          "reason": "loss below every baseline run at this size (D_eq beyond its budgets)"}
+  if len(at) < 2:
+    return {"N": N, "D": D, "loss": loss, "N_baseline": near, "D_eq": None, "multiplier": None, "defined": False,
+            "bound": None, "reason": "fewer than 2 baseline budgets at this size"}
+  return {"N": N, **_observed_row("D", D, loss, at[:, 1], at[:, 2], N_baseline=near)}
 
 
-def _observed(fams_points: dict, baseline: str) -> dict:
-  """Every other family's points against the baseline's runs (`observed_data_multiplier`)."""
+def observed_compute_multiplier(base_front_C, base_front_L, C: float, loss: float) -> dict:
+  """C_eq/C read off the baseline's envelope (approach 1's frontier: its best run per compute,
+  kept where it beats every cheaper one), no law: the compute at which that envelope reaches the
+  loss a run of the family reaches at C, log C interpolated between the envelope points that
+  bracket it; a bound outside them (`observed_data_multiplier`)."""
+  order = np.argsort(np.asarray(base_front_C, dtype=float))
+  return _observed_row("C", C, loss, np.asarray(base_front_C, dtype=float)[order],
+                       np.asarray(base_front_L, dtype=float)[order])
+
+
+def _observed(fams_points: dict, fams: dict, baseline: str) -> dict:
+  """Every other family against the baseline's runs: D_eq/D at each of its runs, C_eq/C at each
+  point of its envelope."""
   base = np.array([[p.N, p.D, p.loss] for p in fams_points[baseline]])
-  return {name: [observed_data_multiplier(base, p.N, p.D, p.loss) for p in sorted(pts, key=lambda p: (p.N, p.D))]
-          for name, pts in fams_points.items() if name != baseline}
+  bf = fams[baseline]["approach1"]["frontier"]
+  others = [n for n in fams_points if n != baseline]
+  return {"data": {n: [observed_data_multiplier(base, p.N, p.D, p.loss)
+                       for p in sorted(fams_points[n], key=lambda p: (p.N, p.D))] for n in others},
+          "compute": {n: [observed_compute_multiplier(bf["C"], bf["loss"], c, l)
+                          for c, l in zip(fams[n]["approach1"]["frontier"]["C"], fams[n]["approach1"]["frontier"]["loss"])]
+                      for n in others}}
 
 
 def _jsonable(v):
@@ -236,7 +260,7 @@ def fit_source(ps: PointSet, *, baseline: str | None = None, n_boot: int = 200, 
                       f"no family {DEFAULT_BASELINE!r}: pass --baseline=FAMILY to compare families"}
   else:
     mult = _multipliers(fams, base)
-    mult["observed"] = _observed(fams_points, base)
+    mult["observed"] = _observed(fams_points, fams, base)
   mult["requested"] = baseline is not None
   return _jsonable({
       "method": {"approach1": "envelope of loss vs compute; N_opt, D_opt = k C^a through it",
@@ -308,7 +332,7 @@ def summary(report: dict) -> str:
   if mult["status"] != "ok":
     if mult.get("requested") or len(report["families"]) > 1:
       lines.append(f"  multipliers: {mult['reason']}")
-    lines += [f"  {_observed_line(n, mult['baseline'], rows)}" for n, rows in mult.get("observed", {}).items()]
+    lines += [f"  {line}" for n in mult.get("observed", {}).get("data", {}) for line in _observed_lines(n, mult)]
     return "\n".join(lines)
   rng = lambda v: f"{min(v):.3g}..{max(v):.3g}" if v else "undefined"
   for name, rows in mult["data"].items():
@@ -319,21 +343,25 @@ def summary(report: dict) -> str:
     lines.append(f"  {name} vs {mult['baseline']}: data multiplier D_eq/D {rng(vals)} "
                  f"({len(rows) - len(vals)}/{len(rows)} undefined), compute multiplier C_eq/C {rng(cvals)}{tail}")
     lines.append(f"    {_crossing_line(name, mult['baseline'], mult['crossing'][name])}")
-    lines.append(f"    {_observed_line(name, mult['baseline'], mult.get('observed', {}).get(name, []))}")
+    lines += [f"    {line}" for line in _observed_lines(name, mult)]
   return "\n".join(lines)
 
 
-def _observed_line(name: str, baseline: str, rows: list[dict]) -> str:
-  """One line: the law-free data multipliers read off the baseline's runs at the same sizes."""
-  vals = [r["multiplier"] for r in rows if r["defined"]]
-  below = sum(1 for r in rows if r["bound"] and r["bound"][0] == "<")
-  above = sum(1 for r in rows if r["bound"] and r["bound"][0] == ">")
-  rest = len(rows) - len(vals) - below - above
-  body = f"{min(vals):.3g}..{max(vals):.3g} at {len(vals)}/{len(rows)} points" if vals else f"at 0/{len(rows)} points"
-  notes = ([f"{below} below {baseline}'s budgets"] if below else []) + ([f"{above} beyond them"] if above else []) \
-      + ([f"{rest} without a {baseline} size within {SAME_SIZE_RTOL:.0%}"] if rest else [])
-  return (f"read off {baseline}'s runs at the same size (no law): {name} D_eq/D {body}"
-          + (f" ({'; '.join(notes)})" if notes else ""))
+def _observed_lines(name: str, mult: dict) -> list[str]:
+  """Two lines: the law-free multipliers read off the baseline's runs (data, then compute)."""
+  base, out = mult["baseline"], []
+  for kind, against in (("data", "runs at the same size"), ("compute", "envelope")):
+    rows = mult["observed"][kind][name]
+    vals = [r["multiplier"] for r in rows if r["defined"]]
+    bounds = [f"{sum(1 for r in rows if r['bound'] and r['bound'][0] == s)} {w}"
+              for s, w in (("<", f"worse than all of {base}'s"), (">", f"better than all of {base}'s"))]
+    bounds = [b for b in bounds if not b.startswith("0 ")]
+    rest = len(rows) - len(vals) - sum(int(b.split()[0]) for b in bounds)
+    bounds += [f"{rest} without a {base} size within {SAME_SIZE_RTOL:.0%}"] if rest else []
+    ratio = "D_eq/D" if kind == "data" else "C_eq/C"
+    body = f"{min(vals):.3g}..{max(vals):.3g} at {len(vals)}/{len(rows)} points" if vals else f"at 0/{len(rows)} points"
+    out.append(f"read off {base}'s {against} (no law): {name} {ratio} {body}" + (f" ({'; '.join(bounds)})" if bounds else ""))
+  return out
 
 
 def _crossing_line(name: str, baseline: str, rows: list[dict]) -> str:

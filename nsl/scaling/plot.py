@@ -231,6 +231,13 @@ def _band(ax, x, curve, samples_SX, color, label):
     ax.fill_between(x, lo, hi, color=color, alpha=0.2, lw=0)
 
 
+def _read_off_marks(ax, mult, kind, name, x_key, color):
+  """Crosses at the multipliers read off the baseline's runs (fit.observed_*: no law, no interval)."""
+  seen = [(r[x_key], r["multiplier"]) for r in mult.get("observed", {}).get(kind, {}).get(name, []) if r["defined"]]
+  if seen:
+    ax.scatter(*np.array(seen).T, color=color, marker="x", s=25, label=f"{name}, read off the runs")
+
+
 def plot_multipliers(fits, colors, out_dir, c_name):
   mult = fits.get("multipliers", {})
   if mult.get("status") != "ok" or not mult.get("data"):
@@ -252,14 +259,13 @@ def plot_multipliers(fits, colors, out_dir, c_name):
     curves[ax_d].append(curve)
     samples = np.array([data_multiplier(b, l, n, ratio * n)[0] for b, l in boots]).reshape(-1, len(n))
     _band(ax_d, n, curve, samples, color, f"{name} at D = {ratio:.3g}·N{tag}")
-    seen = [(r["N"], r["multiplier"]) for r in mult.get("observed", {}).get(name, []) if r["defined"]]
-    if seen:  # each run against the baseline's runs at its size: no law, no interval
-      ax_d.scatter(*np.array(seen).T, color=color, marker="x", s=25, label=f"{name}, read off the runs")
+    _read_off_marks(ax_d, mult, "data", name, "N", color)
     c = np.geomspace(*fam["range"]["C"], 60)
     curve = compute_multiplier(base, law, c, fpt_b, fpt_n)[0]
     curves[ax_c].append(curve)
     samples = np.array([compute_multiplier(b, l, c, fpt_b, fpt_n)[0] for b, l in boots]).reshape(-1, len(c))
     _band(ax_c, c, curve, samples, color, f"{name}{tag}")
+    _read_off_marks(ax_c, mult, "compute", name, "C", color)
   for ax in (ax_d, ax_c):
     ax.axhline(1.0, color="k", lw=0.8, ls=":", label=f"parity with {base_name}")
     ax.set(xscale="log", yscale="log")

@@ -169,6 +169,16 @@ def test_observed_multiplier_reads_the_baseline_runs_at_the_same_size():
   assert not r["defined"] and r["N_baseline"] is None and "within 5% of N" in r["reason"]
 
 
+def test_observed_compute_multiplier_reads_the_baseline_envelope():
+  C_b, L_b = [4e15, 1e15, 2e15], [2.0, 3.0, 2.4]  # any order: sorted by compute
+  r = F.observed_compute_multiplier(C_b, L_b, 4e15, 2.4)  # 4x the compute for the baseline's 2e15 loss
+  assert r["defined"] and r["C_eq"] == pytest.approx(2e15) and r["multiplier"] == pytest.approx(0.5)
+  r = F.observed_compute_multiplier(C_b, L_b, 1e15, 2.2)  # half-way (in loss) from 2e15 to 4e15
+  assert r["C_eq"] == pytest.approx(np.sqrt(8) * 1e15)
+  r = F.observed_compute_multiplier(C_b, L_b, 1e15, 1.9)
+  assert not r["defined"] and r["bound"] == [">", 4.0]
+
+
 def test_bootstrap_refits_resamples(fits):
   N, D, L = synthetic_grid(EPOCH)
   rows, dropped = F.bootstrap_laws(N, D, L, fits["epoch"], n_boot=6, seed=0)

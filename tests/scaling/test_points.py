@@ -55,13 +55,16 @@ def test_jsonl_with_families_and_stored_compute(tmp_path, capsys):
   assert [r["N"] for r in mult["crossing"]["fast"]] == sorted({r["N"] for r in rows})  # one per size
   # read off base's own runs (no law): "fast" at (N, D) has base's loss at (N, 2D), so where base's
   # budgets bracket it the multiplier is near 2; at its largest budget it is beyond them
-  observed = mult["observed"]["fast"]
+  observed = mult["observed"]["data"]["fast"]
   defined = [r["multiplier"] for r in observed if r["defined"]]
   assert len(defined) == 12 and np.median(defined) == pytest.approx(2.0, rel=0.1)
   assert all(r["bound"][0] == ">" for r in observed if not r["defined"])
   printed = capsys.readouterr().out
   assert "fast vs base" in printed and "identifiability not checked" in printed and "losses meet" in printed
   assert "read off base's runs at the same size (no law): fast D_eq/D" in printed and "at 12/16 points" in printed
+  # fast reaches base's envelope losses with half the tokens, so less compute despite 2x FLOPs a token
+  compute = [r["multiplier"] for r in mult["observed"]["compute"]["fast"] if r["defined"]]
+  assert compute and "read off base's envelope (no law): fast C_eq/C" in printed
 
 
 def test_other_family_names_get_no_baseline_message(tmp_path, capsys):
