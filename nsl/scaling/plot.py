@@ -24,6 +24,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
 import numpy as np  # noqa: E402
 
 from nsl.errors import ArgumentParser, NslError, cli_main  # noqa: E402
@@ -51,7 +52,17 @@ def family_colors(labels) -> dict[str, str]:
   return {label: f"C{i % 10}" for i, label in enumerate(sorted(labels))}
 
 
+def _tidy_log_ticks(fig) -> None:
+  """A log axis over more than a decade keeps only its decade labels: matplotlib labels the minor
+  ticks up to about two decades, and there they collide ("2x10^4 3x10^4 4x10^4 ...")."""
+  for ax in fig.axes:
+    for axis, lim in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+      if axis.get_scale() == "log" and min(lim) > 0 and max(lim) / min(lim) > 10:
+        axis.set_minor_formatter(NullFormatter())
+
+
 def _save(fig, out_dir: Path, name: str) -> list[Path]:
+  _tidy_log_ticks(fig)
   paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
   fig.savefig(paths[0], dpi=110, bbox_inches="tight")
   fig.savefig(paths[1], bbox_inches="tight")
