@@ -224,7 +224,7 @@ def plot_loss_vs_tokens(fits, out_dir):
         d = np.geomspace(Q[:, 1].min() / 1.5, Q[:, 1].max() * 1.5, 50)
         ax.plot(d, law.loss(np.median(Q[:, 0]), d), "--", color=color, lw=1)
     ax.set(xscale="log", xlabel="training tokens D", ylabel="loss (nats/token)",
-           title=name + (f"  (dashed: law{_tag(fam['approach3'])})" if law else "  (no law)"))
+           title=name + (f": dashed, the law{_tag(fam['approach3'])}" if law else " (no law)"))
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3)
   return _save(fig, out_dir, "loss_vs_tokens")
