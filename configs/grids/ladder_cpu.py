@@ -15,16 +15,16 @@ parameter is the top. SPS (w = 16) trains on the same tokens as standard: at ~2x
 token its cells form their own slices 2x up the compute axis. Cells run smallest compute first
 (both arms of a budget together), so a fit is possible early.
 
-Cost, measured (docs/guide/scaling.md): 52 cells, about 2.3 CPU-hours for standard and 6.3 for
-SPS, 8.6 in all (CPU-seconds as result.json's cpu_time_sec counts them; about half that in wall
-time on 2 cores). The delayed-state arm costs what SPS does: adding it to ARMS makes 14.9 CPU-hours,
-over the 12 this ladder was sized for, so it is left out.
+Cost: 52 cells, 6.9 CPU-hours measured (2.1 standard, 4.7 SPS; CPU-seconds as result.json's
+cpu_time_sec counts them), about half that in wall time two cells at a time on 2 cores. The
+delayed-state arm costs what SPS does: adding it to ARMS makes about 14 CPU-hours, over the 12 this
+ladder was sized for, so it is left out.
 
-  python -m nsl.scaling.grid run --grid=configs/grids/ladder_cpu.py --root=runs/ladder_cpu
+  python -m nsl.scaling.grid run --grid=configs/grids/ladder_cpu.py --root=runs/ladder_cpu --parallel=2
   python -m nsl.scaling.fit runs/ladder_cpu
   python -m nsl.scaling.plot --root=runs/ladder_cpu
 
-The cost estimate (measured per-token times, cells and total) is in docs/guide/scaling.md.
+The results, the fits and the per-cell cost are in docs/guide/scaling.md#cpu-ladder.
 """
 
 TOKENS_PER_STEP = 16 * 128
