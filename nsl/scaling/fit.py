@@ -12,7 +12,8 @@ the baseline's asymptote E_b + A_b/N^α_b), and the effective-compute multiplier
 baseline's least compute reaching the loss the family reaches at C on its own frontier, both in
 stored training FLOPs (each family's FLOPs per token as fitted from its records). Beside them, with
 no law at all, each run's D_eq/D read off the baseline's runs at the same size
-(`observed_data_multiplier`), which holds where the points cannot identify a law.
+(`observed_data_multiplier`) and each envelope point's C_eq/C read off the baseline's envelope
+(`observed_compute_multiplier`): numbers that hold where the points cannot identify a law.
 """
 
 from __future__ import annotations
