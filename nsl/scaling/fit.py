@@ -354,11 +354,11 @@ def _observed_lines(name: str, mult: dict) -> list[str]:
   for kind, against in (("data", "runs at the same size"), ("compute", "envelope")):
     rows = mult["observed"][kind][name]
     vals = [r["multiplier"] for r in rows if r["defined"]]
-    bounds = [f"{sum(1 for r in rows if r['bound'] and r['bound'][0] == s)} {w}"
-              for s, w in (("<", f"worse than all of {base}'s"), (">", f"better than all of {base}'s"))]
-    bounds = [b for b in bounds if not b.startswith("0 ")]
-    rest = len(rows) - len(vals) - sum(int(b.split()[0]) for b in bounds)
-    bounds += [f"{rest} without a {base} size within {SAME_SIZE_RTOL:.0%}"] if rest else []
+    worse, better = (sum(1 for r in rows if r["bound"] and r["bound"][0] == side) for side in "<>")
+    rest = len(rows) - len(vals) - worse - better
+    bounds = ([f"{worse} worse than all of {base}'s"] if worse else []) \
+        + ([f"{better} better than all of {base}'s"] if better else []) \
+        + ([f"{rest} without a {base} size within {SAME_SIZE_RTOL:.0%}"] if rest else [])
     ratio = "D_eq/D" if kind == "data" else "C_eq/C"
     body = f"{min(vals):.3g}..{max(vals):.3g} at {len(vals)}/{len(rows)} points" if vals else f"at 0/{len(rows)} points"
     out.append(f"read off {base}'s {against} (no law): {name} {ratio} {body}" + (f" ({'; '.join(bounds)})" if bounds else ""))

@@ -62,9 +62,10 @@ def test_jsonl_with_families_and_stored_compute(tmp_path, capsys):
   printed = capsys.readouterr().out
   assert "fast vs base" in printed and "identifiability not checked" in printed and "losses meet" in printed
   assert "read off base's runs at the same size (no law): fast D_eq/D" in printed and "at 12/16 points" in printed
-  # fast reaches base's envelope losses with half the tokens, so less compute despite 2x FLOPs a token
+  # half the tokens at twice the FLOPs a token: base's envelope reaches fast's losses at about the same compute
   compute = [r["multiplier"] for r in mult["observed"]["compute"]["fast"] if r["defined"]]
-  assert compute and "read off base's envelope (no law): fast C_eq/C" in printed
+  assert len(compute) >= 8 and np.median(compute) == pytest.approx(1.0, rel=0.1)
+  assert "read off base's envelope (no law): fast C_eq/C" in printed
 
 
 def test_other_family_names_get_no_baseline_message(tmp_path, capsys):
