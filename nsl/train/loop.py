@@ -20,7 +20,7 @@ import nsl
 from nsl import checkpoint, metrics, sharding, storage
 from nsl import config as nsl_config
 from nsl.data import mixture
-from nsl.data import bytes_per_token, datadir, pipeline, prepare
+from nsl.data import bytes_per_token, datadir, pipeline, prepare, rundata
 from nsl.errors import ConfigError, NslError
 from nsl.evals import evaluators, nll
 from nsl.models import registry
@@ -210,6 +210,7 @@ class Trainer:
       self._log(f"{self.workdir} already finished {start} steps; rewriting result.json from its checkpoint")
     if self.is_main:
       metrics.write_json(os.path.join(self.records.local, "config.json"), nsl_config.to_dict(cfg))
+      rundata.save(self.workdir, cfg)  # its tokenizer travels with the run (nsl.data.rundata)
     # A resumed run replays the steps after its checkpoint: their old lines (and a partial last
     # line of a killed write) are dropped, so every step is logged once.
     sinks = [observe.WandbSink(cfg, self.records.local, nsl_config.to_dict(cfg))] if self.is_main and cfg.get("log", {}).get("wandb") else []
