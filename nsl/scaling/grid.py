@@ -50,6 +50,7 @@ from typing import Any
 from nsl import storage
 from nsl.errors import ArgumentParser, ConfigError, cli_main
 from nsl.scaling import backends, runner
+from nsl.scaling import plan as plan_cmd  # `plan` below is expand()'s helper
 from nsl.scaling.cells import CELL_REF, Cell, cell_rows
 
 SPECIAL = ("config", "size", "tokens")
@@ -313,7 +314,10 @@ def main(argv: list[str] | None = None) -> int:
   st = sub.add_parser("status", help="print a table of the cells under --root")
   st.add_argument("--root", required=True)
   st.add_argument("--json", action="store_true")
+  plan_cmd.add_parser(sub)
   args = p.parse_args(argv)
+  if args.command == "plan":
+    return plan_cmd.main(args)
   if getattr(args, "root", None) and storage.is_remote(args.root):
     # The runner's claims are local files kept alive by heartbeats (mtime) and their holders'
     # pids: nothing an object store offers (docs/guide/storage.md#not-covered).
