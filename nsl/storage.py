@@ -236,9 +236,9 @@ def check_bucket(path: str, flag: str) -> None:
   bucket = f"{scheme(path)}://{str(path).split('://', 1)[1].split('/', 1)[0]}"
   try:
     found = Path(bucket).exists()
-  except ImportError as e:
-    raise ConfigError(f"{flag}={path}: reading {scheme(path)}:// needs the package {e.name!r} "
-                      f"(pip install 'nsl[gcs]')") from None
+  except ImportError as e:  # etils names no package (e.name is None): gs:// is gcsfs, the [gcs] extra
+    need = "the gcsfs package: pip install -e '.[gcs]'" if scheme(path) == "gs" else f"a package ({_short(e)})"
+    raise ConfigError(f"{flag}={path}: reading {scheme(path)}:// needs {need}") from None
   except Exception as e:  # connection refused, DNS, credentials: the client's own words
     raise ConfigError(f"{flag}={path}: cannot reach {bucket} ({type(e).__name__}: {_short(e)}); check the "
                       "credentials and network (or STORAGE_EMULATOR_HOST for an emulator)") from None

@@ -136,7 +136,7 @@ def _iter_hf(rest: str) -> Iterator[str]:
     import datasets  # optional dependency: only this source needs it
   except ImportError:
     raise DataError(f"source 'hf:{rest}' needs Hugging Face datasets: "
-                    "pip install datasets") from None
+                    "pip install -e '.[data]'") from None
   try:
     ds = datasets.load_dataset(name, config or None, split=split, streaming=True)
   except Exception as e:  # network, unknown name/config/split: all user-fixable
@@ -159,7 +159,7 @@ def _iter_tfds(rest: str) -> Iterator[str]:
     import tensorflow_datasets as tfds  # optional dependency: only this source needs it
   except ImportError:
     raise DataError(f"source 'tfds:{rest}' needs tensorflow_datasets: "
-                    "pip install tensorflow-datasets") from None
+                    "pip install -e '.[data]'") from None
   try:
     source = tfds.data_source(m["name"], split=m["split"])
   except Exception as e:  # not prepared, unknown name or split: all user-fixable

@@ -56,7 +56,7 @@ def require_lm_eval():
     import lm_eval  # noqa: F401
   except ImportError:
     raise NslError("zero-shot scoring runs through lm-evaluation-harness, which is not installed: "
-                   "pip install 'nsl[lmeval]' (or lm-eval>=0.4.13)") from None
+                   "pip install -e '.[lmeval]'") from None
 
 
 def _check(doc: dict, task: str) -> None:

@@ -98,7 +98,7 @@ def check_wandb(config) -> None:
   try:
     import wandb  # noqa: F401
   except ImportError:
-    raise ConfigError("config.log.wandb=true needs the wandb package: pip install 'nsl[wandb]' "
+    raise ConfigError("config.log.wandb=true needs the wandb package: pip install -e '.[wandb]' "
                       "(or set config.log.wandb=false)") from None
 
 

@@ -144,12 +144,12 @@ def test_source_errors(tmp_path):
   try:
     import datasets  # noqa: F401
   except ImportError:
-    with pytest.raises(DataError, match="pip install datasets"):
+    with pytest.raises(DataError, match=r"pip install -e '\.\[data\]'"):
       list(sources_lib.iter_source("hf:wikitext:wikitext-2-raw-v1:train"))
   try:
     import tensorflow_datasets  # noqa: F401
   except ImportError:
-    with pytest.raises(DataError, match="pip install tensorflow-datasets"):
+    with pytest.raises(DataError, match=r"pip install -e '\.\[data\]'"):
       list(sources_lib.iter_source("tfds:c4/en:3.0.1:train"))
 
 

@@ -110,4 +110,4 @@ def test_wandb_missing_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
   monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
   rc = launch.main([f"--config={os.path.join(ROOT, 'configs', 'tiny.py')}", f"--workdir={tmp_path / 'run'}", "--config.log.wandb=true", "--quiet"])
   err = capsys.readouterr().err.strip()
-  assert rc == 2 and err.count("\n") == 0 and "needs the wandb package: pip install 'nsl[wandb]'" in err, err
+  assert rc == 2 and err.count("\n") == 0 and "needs the wandb package: pip install -e '.[wandb]'" in err, err
