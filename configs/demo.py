@@ -1,0 +1,17 @@
+"""`make demo`: configs/tiny.py's model (2.7M parameters) for fewer steps, about a minute on 2 CPU cores.
+
+The same 4-layer standard transformer, recipe and corpus as configs/tiny.py (which tests and the
+guide pages use as "the tiny config"), cut to fit the README's promise that a fresh clone's
+`make demo` finishes in minutes, its install included (README.md, "The two commands").
+"""
+
+from configs import tiny
+
+
+def get_config():
+  c = tiny.get_config()
+  c.train.steps = 150
+  # three validation points on the loss curve; a checkpoint at each, so an interrupted demo resumes
+  c.train.eval_every = 50
+  c.checkpoint.every = 50
+  return c
