@@ -2,8 +2,8 @@
 
 `python -m nsl.generate --run=RUN_DIR --prompt=TEXT [--max_new_tokens=64] [--temperature=0]
 [--top_k=0] [--top_p=1] [--seed=0] [--speculative]`. The prompt is encoded with the run's
-tokenizer (its data directory, or `--data`), the continuation goes to stdout and the counts to
-stderr. Decoding stops at the end-of-document token unless `--ignore_eos`.
+tokenizer (the copy in RUN_DIR/tokenizer, `nsl.data.rundata`; a run recorded without one: its
+data directory; or `--data`), the continuation goes to stdout and the counts to stderr. Decoding stops at the end-of-document token unless `--ignore_eos`.
 
 Every family that decodes runs its own cached decoder (docs/guide/decoding.md#generate): the
 standard trunk, SPS, NextLat and MTP through the shared KV cache (`nsl.decode`: one prefill, then
@@ -190,10 +190,11 @@ def stream(family, params, prompt, args, printer: Printer) -> dict:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
-  from nsl import hf, hf_tokenizer, runs
+  from nsl import hf, runs
+  from nsl.data import rundata
 
   config = hf.run_config(args.run, "--run")
-  tok, eos_id, _ = hf_tokenizer.run_tokenizer(config, args.data)
+  tok, eos_id, _ = rundata.tokenizer(args.run, config, args.data)
   prompt = tok.encode(args.prompt)
   if not prompt:
     raise ConfigError("--prompt is empty after tokenization; give some text to continue")

@@ -279,10 +279,11 @@ def export(run_dir: str, out_dir: str, data: str | None = None) -> dict:
   """Writes the HF directory for a standard run; returns what was written."""
   from nsl import runs
   from nsl import hf_tokenizer
+  from nsl.data import rundata
 
   config = run_config(run_dir, "RUN_DIR")
   check_exportable(config)  # before the parameters load
-  tok = hf_tokenizer.run_tokenizer(config, data)  # (tokenizer, eos id, data dir), or a clear error
+  tok = rundata.tokenizer(run_dir, config, data)  # (tokenizer, eos id, its dir), or a clear error
   _, _, params = runs.load_run(run_dir, flag="RUN_DIR")
   import flax.linen as nn
 

@@ -79,20 +79,6 @@ def from_ranks(ranks: dict[bytes, int], eos_id: int, pattern: str | None = GPT2_
   return tok
 
 
-def run_tokenizer(config, data: str | None = None):
-  """(nsl tokenizer, EOS id, data dir) of a run: the tokenizer of its data directory (`data`, else
-  config data.path, which is relative to where the run was launched)."""
-  from nsl.data import prepare, tokenizers
-
-  data_dir = data or str(config.data.path)
-  if not os.path.isdir(data_dir):
-    raise DataError(f"the run's data dir {data_dir!r} (config data.path) is not here, and the tokenizer is exported "
-                    "from it; run from the directory the run was launched from, or pass --data=DIR")
-  manifest = prepare.load_manifest(data_dir)
-  tok = tokenizers.load_tokenizer(manifest["tokenizer"], data_dir)
-  return tok, int(manifest["eos_id"]), data_dir
-
-
 def hf_tokenizer(tok, data_dir: str):
   """The `tokenizers.Tokenizer` that encodes as the nsl tokenizer `tok` does."""
   from tokenizers import Tokenizer

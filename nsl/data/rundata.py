@@ -127,17 +127,17 @@ def tokenizer(workdir: str, config, data: str | None = None):
       return tokenizers.load_tokenizer(meta["tokenizer"], d), int(meta["eos_id"]), d
     data = str(config.data.path)
     if not storage.is_remote(data) and not os.path.isdir(data):
-      raise DataError(f"the run's data dir {data!r} (config data.path) is not here, and the run has no tokenizer "
-                      "of its own (it predates WORKDIR/tokenizer/); run from the directory the run was launched "
-                      "from, or pass --data=DIR")
+      raise DataError(f"the run's data dir {data!r} (config data.path) is not here, and the tokenizer is exported "
+                      "from it; run from the directory the run was launched from, or pass --data=DIR")
   local = datadir.fetch(data)
   manifest = datadir.load_manifest(local)
   return tokenizers.load_tokenizer(manifest["tokenizer"], local), int(manifest["eos_id"]), local
 
 
-def data_dir(workdir: str | None, config, flag: str = "--data") -> str:
+def data_dir(workdir: str | None, config, flag: str | None = "--data") -> str:
   """The local directory of the run's own data (its splits): where the run read it (data.json's
-  `data`), else config.data.path from here (a gs:// one: its local copy); DataError naming it."""
+  `data`), else config.data.path from here (a gs:// one: its local copy); DataError naming it (and
+  `flag`, the reader's option that names another dir)."""
   path = str(config.data.path)
   if storage.is_remote(path):
     return datadir.fetch(path)
@@ -147,5 +147,6 @@ def data_dir(workdir: str | None, config, flag: str = "--data") -> str:
     if candidate and os.path.isfile(os.path.join(candidate, datadir.MANIFEST)):
       return candidate
   where = f", read by the run at {recorded}" if recorded and recorded != os.path.abspath(path) else ""
+  other = f", or pass {flag}=DIR" if flag else ""
   raise DataError(f"the run's data dir {path!r} (config data.path{where}) is not here, and this evaluation "
-                  f"scores its splits; run from the directory the run was launched from, or pass {flag}=DIR")
+                  f"reads its data; run from the directory the run was launched from{other}")

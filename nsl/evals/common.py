@@ -22,14 +22,13 @@ def run_parser(module: str, doc: str) -> ArgumentParser:
   return p
 
 
-def eval_batches(config, batch_size: int, max_batches: int | None = None, split: str = "val"):
-  """The run's evaluation windows (`nsl.data.pipeline.make_eval_batches`, in order)."""
-  from nsl.data import pipeline
+def eval_batches(config, batch_size: int, max_batches: int | None = None, split: str = "val",
+                 workdir: str | None = None):
+  """The run's evaluation windows (`nsl.data.pipeline.make_eval_batches`, in order) from its own
+  data dir (`nsl.data.rundata.data_dir`: where the run in `workdir` read it, else config.data.path)."""
+  from nsl.data import pipeline, rundata
 
-  path = config.data.path
-  if not os.path.isdir(path):
-    raise NslError(f"config.data.path={path!r} of the run does not exist here; run from the directory the "
-                   "run was launched from, or prepare the data again")
+  path = rundata.data_dir(workdir, config, flag=None)
   return pipeline.make_eval_batches(path, split, seq_len=config.data.seq_len, batch_size=batch_size,
                                     max_batches=max_batches)
 

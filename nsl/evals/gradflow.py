@@ -160,7 +160,7 @@ def routing(norms_sq, weights, segment, max_offset: int) -> dict:
 def run(workdir: str, rows: int = 4, max_offset: int = 32, impl: str | None = None) -> dict:
   config, family, params = runs.load_run(workdir)
   plan = family.slot_plan()
-  batch = next(iter(common.eval_batches(config, batch_size=rows, max_batches=1)))
+  batch = next(iter(common.eval_batches(config, batch_size=rows, max_batches=1, workdir=workdir)))
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
   norms_sq, weights = jax.jit(lambda p, bt: slot_grad_norms(family, p, bt, impl=impl))(params, batch)
   per_stream = routing(norms_sq, weights, batch["segment"][:, :-1], max_offset)

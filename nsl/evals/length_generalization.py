@@ -260,6 +260,7 @@ def main(argv=None) -> int:
   p.add_argument("--feed", default="own", choices=("own", "bias"), help="LIFT state channel at test")
   p.add_argument("--out", default="")
   a = p.parse_args(argv)
+  from nsl.data import rundata
   from nsl.evals import common
 
   if bool(a.runs) == bool(a.root):
@@ -270,7 +271,7 @@ def main(argv=None) -> int:
   results, names, meta, task, lengths = {}, [], {}, None, []
   for run in runs:
     config, family, params = load_run(run)
-    data = a.data or str(config.data.path)
+    data = a.data or rundata.data_dir(run, config)  # where the run read it, else data.path from here
     this_task = task_name(data)
     if task is None:
       task, lengths = this_task, parse_lengths(a.lengths or TASKS[this_task]["lengths"])

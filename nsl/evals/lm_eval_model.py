@@ -251,16 +251,17 @@ class NslLM(TemplateLM):
 
 
 def load(run: str, data: str | None = None):
-  """(config, family, params, tokenizer, eos_id) of a run directory; the tokenizer from the run's
-  data dir (or `data`, a directory prepared with the same tokenizer)."""
-  from nsl.data import prepare, tokenizers
-  from nsl.evals.nll import _load_run, check_workdir, run_data_dir
+  """(config, family, params, tokenizer, eos_id) of a run directory; the tokenizer is the run's own
+  (`nsl.data.rundata.tokenizer`: RUN/tokenizer, else its data dir) or that of `data`, a directory
+  prepared with the same tokenizer."""
+  import ml_collections
 
-  check_workdir(run)
+  from nsl.data import rundata
+  from nsl.evals.nll import _load_run, check_workdir
+
+  tokenizer, eos_id, _ = rundata.tokenizer(run, ml_collections.ConfigDict(check_workdir(run)), data)
   config, family, params = _load_run(run)
-  data_dir = data if data is not None else run_data_dir(config)
-  manifest = prepare.load_manifest(data_dir)
-  return config, family, params, tokenizers.load_tokenizer(manifest["tokenizer"], data_dir), int(manifest["eos_id"])
+  return config, family, params, tokenizer, eos_id
 
 
 def register() -> None:

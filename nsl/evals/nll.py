@@ -3,12 +3,13 @@
   python -m nsl.evals.nll --workdir=RUN [--data=DIR | --data=NAME=DIR ...] [--split=val]
                           [--max_batches=N] [--batch_size=B] [--feed=own|teacher|bias]
 
-Without --data: the run's own data (config `data.path`, relative paths resolved from the current
-directory as the run resolved them), recorded as eval["val"] (eval["<split>"] for another split).
+Without --data: the run's own data (where the run read it, else config `data.path` from the current
+directory), recorded as eval["val"] (eval["<split>"] for another split).
 Each --data is another directory prepared with `nsl.data.prepare`, e.g. an out-of-distribution
 corpus, recorded as eval["NAME"] (default NAME: the directory's basename; "NAME_<split>" for a
-split other than val). It must use the run's tokenizer: the same spec and the same tokenizer
-file, or NslError — NLLs under different tokenizers are not comparable.
+split other than val). It must use the run's tokenizer (its own copy in WORKDIR/tokenizer,
+`nsl.data.rundata`, else its data dir's): the same spec and the same tokenizer file, or DataError —
+NLLs under different tokenizers are not comparable.
 
 The batches are the trainer's evaluation batches (`pipeline.make_eval_batches`: consecutive
 windows of seq_len + 1 tokens, no shuffle, default batch = train.batch_size / grad_accum) and the
@@ -33,7 +34,6 @@ eval["val_feed_teacher"], eval["val_feed_bias"]. Other families have no state ch
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import sys
@@ -104,32 +104,23 @@ def mesh_of(params):
   return getattr(sh, "mesh", None)
 
 
-def run_data_dir(config) -> str:
-  from nsl import storage
-  from nsl.data import datadir
+def run_data_dir(config, workdir: str | None = None) -> str:
+  """The local directory of the run's own data (`nsl.data.rundata.data_dir`: where the run read it,
+  else config data.path from here); DataError naming it when it is not here."""
+  from nsl.data import rundata
 
-  path = str(config.data.path)
-  if storage.is_remote(path):  # a gs:// data dir is read from its local copy, as the trainer does
-    return datadir.fetch(path)
-  if not os.path.isdir(path):
-    raise DataError(f"the run's data dir {path!r} (config data.path) is not here; run from the directory "
-                    "the run was launched from, or pass --data=DIR")
-  return path
+  return rundata.data_dir(workdir, config)
 
 
-def tokenizer_fingerprint(data_dir: str, manifest: dict) -> str:
-  """The tokenizer spec plus a hash of its file (two BPEs trained on different text differ)."""
-  from nsl.data.tokenizers import BpeTokenizer, Gpt2Tokenizer
+def tokenizer_of(directory: str) -> dict:
+  """What carries a tokenizer spec: a data dir's manifest, or a run's own tokenizer dir's data.json
+  (`nsl.data.rundata`); both have `tokenizer`, `vocab_size` and `eos_id`."""
+  from nsl.data import datadir, rundata
 
-  spec = manifest["tokenizer"]
-  digest = ""
-  default = {"bpe": BpeTokenizer.FILE, "gpt2": Gpt2Tokenizer.FILE}.get(spec.get("name"))
-  if default:
-    path = os.path.join(data_dir, spec.get("file", default))
-    if os.path.isfile(path):
-      with open(path, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-  return json.dumps(spec, sort_keys=True) + digest
+  if not os.path.isfile(os.path.join(directory, datadir.MANIFEST)) and os.path.isfile(
+      os.path.join(directory, rundata.INFO)):
+    return rundata.read_info(directory)
+  return datadir.load_manifest(directory)
 
 
 def make_step(family, config, feed: str | None = None):
@@ -190,11 +181,11 @@ def evaluate(family, params, config, data_dir: str, split: str, batch_size: int,
 
 def check_data(config, path: str, own_dir: str, flag: str = "--data") -> dict:
   """The manifest of data dir `path`; DataError unless it was tokenized like the run's `own_dir`
-  (the same tokenizer spec and file: NLLs under different tokenizers are not comparable) and its
-  ids fit the model's vocabulary."""
-  from nsl.data.prepare import load_manifest
+  (its data dir or its own tokenizer dir, `tokenizer_of`: the same tokenizer spec and file, since
+  NLLs under different tokenizers are not comparable) and its ids fit the model's vocabulary."""
+  from nsl.data.datadir import load_manifest, tokenizer_fingerprint
 
-  manifest, own = load_manifest(path), load_manifest(own_dir)
+  manifest, own = load_manifest(path), tokenizer_of(own_dir)
   if tokenizer_fingerprint(path, manifest) != tokenizer_fingerprint(own_dir, own):
     raise DataError(f"{flag}={path}: tokenized with {manifest['tokenizer']}, but the run used "
                     f"{own['tokenizer']} from {own_dir}; prepare it with the run's tokenizer")
@@ -247,28 +238,28 @@ def main(argv: list[str] | None = None) -> int:
   if args.max_batches is not None and args.max_batches < 1:
     raise NslError(f"--max_batches={args.max_batches}: must be >= 1")
   sets = [_parse_data(d) for d in args.data]
-  check_workdir(args.workdir)
-  from nsl.data.prepare import load_manifest
+  import ml_collections
 
-  from nsl.data import datadir
+  from nsl.data import datadir, rundata
 
+  config = ml_collections.ConfigDict(check_workdir(args.workdir))
   sets = [(name, datadir.fetch(path)) for name, path in sets]  # gs:// dirs: their local copies
   for _, path in sets:
-    load_manifest(path)  # a missing or broken data dir fails before the model loads
+    datadir.load_manifest(path)  # a missing or broken data dir fails before the model loads
+  if not sets:  # the run's own data; its tokenizer is the run's own copy when it has one
+    sets = [(args.split, run_data_dir(config, args.workdir))]
+  own_dir = rundata.local_dir(args.workdir) or run_data_dir(config, args.workdir)
   config, family, params = _load_run(args.workdir)
   if args.feed not in (None, "own") and args.feed not in family.feeds:
     raise NslError(f"--feed={args.feed}: {config.family!r} runs have no state channel (only LIFT-family runs)")
   feed = (args.feed or "own") if family.feeds else None
-  own_dir = run_data_dir(config)
   batch_size = args.batch_size or int(config.train.batch_size) // int(config.train.grad_accum)
-  if not sets:
-    sets = [(args.split, own_dir)]
   from nsl.data import bytes_per_token
 
   values, details, bits = {}, {}, {}
   for name, path in sets:
     check_data(config, path, own_dir)
-    key = name if (path == own_dir and not args.data) or args.split == "val" else f"{name}_{args.split}"
+    key = name if not args.data or args.split == "val" else f"{name}_{args.split}"
     if feed not in (None, "own"):
       key = f"{key}_feed_{feed}"
     r = evaluate(family, params, config, path, args.split, batch_size, args.max_batches, feed)

@@ -60,7 +60,7 @@ def run(workdir: str, omega: int = 64, docs: int = 8000, batch_size: int = 8) ->
   count = np.zeros(t)
   base_sum = probe_sum = 0.0
   n_docs = 0
-  for batch in common.eval_batches(config, batch_size):
+  for batch in common.eval_batches(config, batch_size, workdir=workdir):
     jb = {k: jnp.asarray(v) for k, v in batch.items()}
     base, probe, w = (np.asarray(a, np.float64) for a in both(jb))
     seg = np.asarray(batch["segment"])[:, :-1]

@@ -83,12 +83,14 @@ def file_suffix(temperature: float) -> str:
   return "" if temperature <= 0.0 else f"_T{temperature:g}"
 
 
-def load_test_set(config, limit: int | None, data_dir: str | None):
-  """(task, prompts, answers) of the planning task dir `data_dir` (None: the run's data.path),
-  the first `limit` problems: what this command and the trainer's planning evaluator score."""
+def load_test_set(config, limit: int | None, data_dir: str | None, workdir: str | None = None):
+  """(task, prompts, answers) of the planning task dir `data_dir` (None: the run's own, where the run
+  in `workdir` read it, `nsl.data.rundata.data_dir`; without `workdir`, config data.path), the first
+  `limit` problems: what this command and the trainer's planning evaluator score."""
+  from nsl.data import rundata
   from nsl.data.tasks import task_data
 
-  data_dir = data_dir or str(config.data.path)
+  data_dir = data_dir or (rundata.data_dir(workdir, config) if workdir else str(config.data.path))
   task = task_data.task_of(data_dir)
   prompts, answers = task_data.load_test(data_dir)
   if limit:
@@ -158,7 +160,7 @@ def evaluate(workdir: str, limit: int | None = None, batch_size: int = 250, data
              temperature: float = 0.0, sample_seed: int = 0) -> dict:
   _check_temperature(temperature)
   config, family, params = load_run(workdir)
-  task, prompts, answers = load_test_set(config, limit, data_dir)
+  task, prompts, answers = load_test_set(config, limit, data_dir, workdir)
   result = {**_header(workdir, config, task, prompts, temperature, sample_seed),
             **score(task, family, params, prompts, answers, batch_size, temperature, sample_seed)}
   _write(os.path.join(workdir, f"planning{file_suffix(temperature)}.json"), result)
@@ -215,7 +217,7 @@ def evaluate_curve(workdir: str, limit: int | None = None, batch_size: int = 250
   _check_temperature(temperature)
   config = runs.load_config(workdir)
   family = registry.get_family(config)
-  task, prompts, answers = load_test_set(config, limit, data_dir)
+  task, prompts, answers = load_test_set(config, limit, data_dir, workdir)
   head = _header(workdir, config, task, prompts, temperature, sample_seed)
   path = os.path.join(workdir, f"planning_curve{file_suffix(temperature)}.json")
   points: dict[int, dict] = {}

@@ -21,7 +21,7 @@ import sys
 
 from nsl.errors import NslError, cli_main
 from nsl.evals import common, zeroshot_tasks
-from nsl.evals.nll import check_workdir, merge_result, run_data_dir
+from nsl.evals.nll import check_workdir, merge_result
 
 
 def encode_pair(tokenizer, context: str, continuation: str, eos_id: int) -> tuple[list[int], list[int]]:
@@ -84,15 +84,15 @@ def main(argv: list[str] | None = None) -> int:
   for task, path in tasks:  # malformed files fail before the model loads
     zeroshot_tasks.read_examples(path, task, args.limit)
   zeroshot_tasks.require_lm_eval()
-  check_workdir(args.workdir)
-  from nsl.data import prepare, tokenizers
+  import ml_collections
+
+  from nsl.data import rundata
   from nsl.evals.nll import _load_run
 
+  # the run's own tokenizer (RUN/tokenizer, else its data dir's), before the model loads
+  tokenizer, eos_id, _ = rundata.tokenizer(args.workdir, ml_collections.ConfigDict(check_workdir(args.workdir)))
   config, family, params = _load_run(args.workdir)
-  data_dir = run_data_dir(config)
-  manifest = prepare.load_manifest(data_dir)
-  tokenizer = tokenizers.load_tokenizer(manifest["tokenizer"], data_dir)
-  loglik = make_loglik(family, params, config, tokenizer, int(manifest["eos_id"]), args.batch_size)
+  loglik = make_loglik(family, params, config, tokenizer, eos_id, args.batch_size)
   scores = score_tasks(loglik, tasks, args.limit)
   merge_result(args.workdir, "zeroshot", scores)
   print(json.dumps({"zeroshot": scores}, sort_keys=True))
