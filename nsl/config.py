@@ -446,6 +446,16 @@ def check_fits_memory(config, devices) -> None:
                       "train.batch_size, raise train.grad_accum, or shard over more devices (mesh.shape)")
 
 
+def _short_run_hint(t) -> str:
+  """The overrides that make a shortened recipe valid (docs/guide/paper_size.md#shorten): warmup at
+  most 10% and decay at most the last 20% of train.steps, each kept where it already fits."""
+  if t.warmup_steps < 0 or t.decay_steps < 0:
+    return ""
+  fix = {"warmup_steps": min(t.warmup_steps, t.steps // 10), "decay_steps": min(t.decay_steps, t.steps // 5)}
+  flags = " ".join(f"--config.train.{k}={v}" for k, v in fix.items() if v != t[k])
+  return f"; for a run of {t.steps} steps add {flags} (warmup <= 10%, the last <= 20% decayed)"
+
+
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None, num_processes: int = 1) -> None:
   """Checks the trunk-level consistency of a config; the family checks its own section."""
   from nsl.models import registry  # late: registry imports the families
@@ -474,7 +484,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None, 
     raise ConfigError(f"config.train.schedule={t.schedule!r} must be one of {SCHEDULES}")
   if t.warmup_steps < 0 or t.decay_steps < 0 or t.warmup_steps + t.decay_steps > t.steps:
     raise ConfigError(f"config.train.warmup_steps={t.warmup_steps} + decay_steps={t.decay_steps} "
-                      f"must be non-negative and at most train.steps={t.steps}")
+                      f"must be non-negative and at most train.steps={t.steps}{_short_run_hint(t)}")
   if not 0.0 <= t.min_lr_ratio <= 1.0:
     raise ConfigError(f"config.train.min_lr_ratio={t.min_lr_ratio} must be in [0, 1]")
   if t.batch_size % t.grad_accum:
