@@ -68,3 +68,11 @@ def test_every_image_is_shown_somewhere():
   assert images
   unused = [i for i in images if os.path.basename(i) not in shown]
   assert not unused, f"images no page shows: {unused}"
+
+
+def test_the_records_reference_names_exactly_the_chips_nsl_knows():
+  from nsl import topology
+
+  row = next(line for line in _read("docs", "reference", "records.md").splitlines() if line.startswith("| `mfu`"))
+  named = set(re.findall(r"\b(?:[A-Z]\d{2,3}|v\d[a-z]?)\b", row))
+  assert named == set(topology.CHIPS), f"records.md's mfu row names {sorted(named)}; nsl.topology.CHIPS: {sorted(topology.CHIPS)}"
