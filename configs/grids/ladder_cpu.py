@@ -25,7 +25,7 @@ have been about 11.5 (ARMS adds it back).
   python -m nsl.scaling.fit runs/ladder_cpu
   python -m nsl.scaling.plot --root=runs/ladder_cpu
 
-The results, the fits and the per-cell cost are in docs/guide/scaling.md#cpu-ladder.
+The results, the fits and the per-cell cost are in docs/papers/sps.md#cpu-ladder (the study).
 """
 
 TOKENS_PER_STEP = 16 * 128
