@@ -32,7 +32,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 import nsl
-from nsl import procs, storage
+from nsl import lease, procs, storage
 from nsl.errors import NslError, disk_full_cause, disk_full_error, warn
 
 
@@ -305,73 +305,48 @@ def _is_shape_mismatch(e: BaseException) -> bool:
 
 
 class WorkdirLock:
-  """`WORKDIR/.nsl.lock`: the training process that owns a workdir (pid, host, start time).
+  """`WORKDIR/.nsl.lock`: the training process that owns a workdir, as a lease (`nsl.lease`)
+  renewed by a thread while it trains.
 
-  A second trainer on the same workdir refuses with one line naming the holder. A lock left by a
-  process that is gone (same host, pid dead or reused) is stale and taken over; one from another
-  host cannot be checked and is only taken over when the user deletes it. In a gs:// workdir the
-  lock is an object written with GCS's create-only precondition, so of two trainers one wins; other
-  object stores have no such write and are refused (docs/guide/storage.md#the-workdir-lock).
+  A second trainer on the same workdir refuses with one line naming the holder. A lock whose
+  holder is gone is taken over: at once when the holder ran on this host (pid dead or reused), and
+  once its lease lapses when it ran on another (a preempted TPU host, a requeued Slurm job whose
+  rank 0 lands on another node): a trainer that finds such a lease waits for it, at most one lease.
+  In a gs:// workdir the lock is an object written with GCS's create-only precondition, so of two
+  trainers one wins; other object stores have no such write and are refused
+  (docs/guide/storage.md#the-workdir-lock).
   """
 
   NAME = ".nsl.lock"
+  SECONDS = lease.DEFAULT_SECONDS
 
-  def __init__(self, path: str, info: dict):
-    self.path, self.info = path, info
+  def __init__(self, held: "lease.Lease"):
+    self.path, self.info, self.held = held.path, held.info, held
+    self.keeper = lease.Keeper(held)
+    self.keeper.start()
 
   @classmethod
-  def acquire(cls, workdir: str) -> "WorkdirLock":
+  def acquire(cls, workdir: str, seconds: float | None = None) -> "WorkdirLock":
     path = storage.join(storage.resolve(workdir), cls.NAME)
-    info = {"pid": os.getpid(), "host": socket.gethostname(), "start": procs.proc_start(os.getpid()),
-            "since": time.time()}
-    for _ in range(3):
-      if storage.create_exclusive(path, json.dumps(info)):
-        return cls(path, info)
-      holder, version = cls._read_versioned(path)
-      if holder is not None and cls._alive(holder) and holder.get("pid") != os.getpid():
+    seconds = seconds or float(os.environ.get("NSL_LEASE_SECONDS") or cls.SECONDS)
+    deadline = time.time() + seconds + 5
+    while True:
+      held = lease.Lease.acquire(path, seconds, reentrant=True)
+      if held is not None:
+        return cls(held)
+      holder, _ = lease.read(path)
+      holder = holder or {}
+      remote_holder = holder.get("host") != socket.gethostname()
+      if not remote_holder or time.time() > deadline:
         raise NslError(f"--workdir={workdir} is in use by another trainer (pid {holder.get('pid')} on "
                        f"{holder.get('host')}, lock {path}); wait for it to finish, stop it, or use another "
                        "--workdir (delete the lock only if that process is gone)")
-      cls._remove_stale(path, version)
-    raise NslError(f"--workdir={workdir}: could not take the lock {path}; another trainer is starting there")
-
-  @staticmethod
-  def _remove_stale(path: str, version: str | None) -> None:
-    if storage.is_remote(path):
-      # Only the generation judged stale: a lock another trainer took over meanwhile is a new
-      # generation and stays; both retry the create-only write and one wins.
-      storage.remove_version(path, version)
-      return
-    stale = f"{path}.stale{os.getpid()}"
-    try:
-      os.rename(path, stale)  # atomic: of two trainers taking over, one wins the retry
-      os.remove(stale)
-    except FileNotFoundError:
-      pass
-
-  @classmethod
-  def _read(cls, path: str) -> dict | None:
-    return cls._read_versioned(path)[0]
-
-  @staticmethod
-  def _read_versioned(path: str) -> tuple[dict | None, str | None]:
-    try:
-      text, version = storage.read_versioned(path)
-      return json.loads(text), version
-    except (OSError, ValueError):
-      return None, None
-
-  @staticmethod
-  def _alive(info: dict) -> bool:
-    if info.get("host") != socket.gethostname():
-      return True  # cannot tell from here
-    pid = info.get("pid")
-    return isinstance(pid, int) and pid > 0 and procs.alive(pid, info.get("start"))
+      wait = min(max(float(holder.get("expires") or 0) - time.time(), 1.0), deadline - time.time()) + 0.5
+      print(f"nsl: --workdir={workdir} is leased by pid {holder.get('pid')} on {holder.get('host')}; "
+            f"waiting {wait:.0f} s for the lease to lapse", file=sys.stderr, flush=True)
+      time.sleep(max(wait, 0.5))
 
   def release(self) -> None:
-    holder = self._read(self.path)
-    if holder is not None and holder.get("pid") == self.info["pid"] and holder.get("start") == self.info["start"]:
-      try:
-        storage.remove(self.path)
-      except OSError:
-        pass
+    self.keeper.stop()
+    self.held.release()
+

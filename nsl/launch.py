@@ -84,9 +84,10 @@ def check_workdir(workdir: str) -> str:
   return path
 
 
-# What only a prefix that nsl.launch wrote holds; beside them a run may hold anything (its
-# evaluations' outputs, nsl.report's loss_curve.png).
-RUN_MARKS = {"config.json", "metrics.jsonl", "checkpoints", ".nsl.lock"}
+# What only a prefix that nsl wrote holds (nsl.launch; the grid runner's cell files; the worker
+# logs of nsl.scaling.task, which start before the trainer); beside them a run may hold anything
+# (its evaluations' outputs, nsl.report's loss_curve.png).
+RUN_MARKS = {"config.json", "metrics.jsonl", "checkpoints", ".nsl.lock", "cell.json", "status.json", "logs"}
 
 
 def check_remote_workdir(workdir: str) -> str:

@@ -105,9 +105,9 @@ def test_old_grid_spellings_give_the_same_cells_and_run_ids(tmp_path):
   after = grid.expand(os.path.join(CONFIGS, "grids", "sps_ladder.py"), validate=False)
   assert [c.run_id for c in before] == [c.run_id for c in after] and len(after) == 25
   assert after[0].run_id.startswith("standard_xs-20B-")
-  assert after[0].config_path == os.path.join(CONFIGS, "sps.py") + ":standard_xs"
+  assert after[0].config_path == "configs/sps.py:standard_xs"  # relative to the code a worker runs
   assert before[0].config_path == after[0].config_path  # a removed path launches its replacement
-  assert after[0].launch_args("/w")[0] == f"--config={CONFIGS}/sps.py:standard_xs"
+  assert after[0].launch_args("/w")[0] == "--config=configs/sps.py:standard_xs"
 
 
 def test_moved_table_is_every_family_files_ARGS():

@@ -26,8 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
+from nsl import storage
 from nsl.errors import ArgumentParser, NslError, cli_main
-from nsl.scaling import approaches as ap
+from nsl.scaling import approaches as ap, mirror
 # The approach-3 machinery lives in nsl.scaling.law; these names stay importable from here.
 from nsl.scaling.approaches import CI_PERCENTILES, MIN_RUNS, interval  # noqa: F401
 from nsl.scaling.law import (BOOTSTRAP_STARTS, DELTA, GRID, SIX_ND, Fit, Law, bootstrap_laws,  # noqa: F401
@@ -411,12 +412,19 @@ def main(argv=None):
     raise NslError("pass one grid root or table: python -m nsl.scaling.fit SOURCE (or --root=DIR)")
   if args.bootstrap < 0:
     raise NslError(f"--bootstrap={args.bootstrap}: must be >= 0")
+  remote = storage.is_remote(source) and args.out is None and not source.endswith((".csv", ".jsonl"))
+  if remote:  # a bucket root: fit a local mirror of its records, then put fits.json back
+    storage.check_bucket(source, "--root")
+    source, bucket = mirror.pull(source), storage.resolve(source)
   ps = load_points(source, loss_key=args.loss_key, params=args.params, exclude=args.exclude)
   report = fit_source(ps, baseline=args.baseline, n_boot=args.bootstrap, seed=args.seed,
                       loss_key=args.loss_key, params=args.params)
   src = Path(source)
   out = Path(args.out) if args.out else (src / "fits.json" if src.is_dir() else src.with_name(src.name + ".fits.json"))
   write_json(report, out)
+  if remote:
+    mirror.push(source, bucket, ("fits.json",))
+    out = storage.join(bucket, "fits.json")
   print(summary(report))
   print(f"wrote {out}")
 

@@ -2,9 +2,9 @@
 (docs/papers/scaling_laws.md#practice).
 
   python -m nsl.scaling.grid list   --grid=configs/grids/X.py
-  python -m nsl.scaling.grid run    --grid=configs/grids/X.py --root=DIR [--backend=local|tpu|ray]
-                                    [--parallel=N] [--retries=2]
-  python -m nsl.scaling.grid status --root=DIR
+  python -m nsl.scaling.grid run    --grid=configs/grids/X.py --root=DIR|gs://BUCKET/DIR
+                                    [--backend=local|tpu|slurm|ray] [--parallel=N] [--retries=2]
+  python -m nsl.scaling.grid status --root=DIR|gs://BUCKET/DIR
 
 A grid file defines `get_grid()` returning a dict, or a list of dicts whose cells are united:
 
@@ -15,7 +15,8 @@ A grid file defines `get_grid()` returning a dict, or a list of dicts whose cell
      "size": ["xs", "s"],                     # a ladder size (nsl.config.SIZES) or a dict of fields
      "tokens": [1e6, 4e6],                    # train.steps = round(tokens / (batch_size * seq_len))
      "config": ["configs/a.py", "configs/sps.py:sps_xl", ...],  # replaces "base"; labelled sps_xl
-     "arm": [{"_label": "sps", "family": "sps", "model.variant": "sps"}, ...]}}  # several fields
+     "arm": [{"_label": "sps", "family": "sps", "model.variant": "sps"}, ...],  # several fields
+     "hosts": [1], "slice": ["v5p-8"]}}       # where a cell runs (not what it trains: not hashed)
 
 A dict value sets all its fields (its optional "_label" names it in run ids and tables); "size"
 and "config" may appear inside it. A string value "@cell:LABELS" names the directory of an
@@ -53,7 +54,7 @@ from nsl.scaling import backends, runner
 from nsl.scaling import plan as plan_cmd  # `plan` below is expand()'s helper
 from nsl.scaling.cells import CELL_REF, Cell, cell_rows
 
-SPECIAL = ("config", "size", "tokens")
+SPECIAL = ("config", "size", "tokens", "hosts", "slice")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -152,6 +153,14 @@ def _assign(name: str, value: Any, index: int, acc: dict) -> str:
       raise ConfigError(f"grid tokens {value!r} must be a positive number")
     acc["tokens"] = float(value)
     return human(float(value))
+  if name == "hosts":
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ConfigError(f"grid hosts {value!r} must be a positive integer (processes, one per host)")
+    acc["hosts"] = value
+    return f"hosts{value}"
+  if name == "slice":
+    acc["slice"] = str(value)
+    return str(value)
   acc["fields"][name] = value
   if name in ("family", "model.variant"):
     return str(value)
@@ -225,11 +234,11 @@ def expand(grid_path: str, validate: bool = True) -> list[Cell]:
 
   cells, seen = [], set()
   for assignments in plan(load_grid_file(grid_path)):
-    acc: dict = {"config": None, "fields": {}, "tokens": None}
+    acc: dict = {"config": None, "fields": {}, "tokens": None, "hosts": 1, "slice": ""}
     labels = []
     for name, value, index, is_axis in assignments:
       label = _assign(name, value, index, acc)
-      if is_axis:
+      if is_axis and name not in ("hosts", "slice"):  # placement: not in the run id either
         labels.append((name, label))
     path = resolve_config_path(acc["config"], grid_path)
     requires = _resolve_cell_refs(acc["fields"], cells, grid_path, labels)
@@ -252,11 +261,24 @@ def expand(grid_path: str, validate: bool = True) -> list[Cell]:
     size = dict(labels).get("size") or _size_name(config)
     t = config.train
     cells.append(Cell(
-        run_id=make_run_id([lab for _, lab in labels], digest), config_path=path,
+        run_id=make_run_id([lab for _, lab in labels], digest), config_path=code_relative(path),
         overrides=tuple(overrides), labels=tuple(labels), config_hash=digest, family=str(config.family),
         variant=str(config.model.get("variant", config.family)), size=size, steps=int(t.steps),
-        tokens=int(t.steps) * int(t.batch_size) * int(config.data.seq_len), requires=requires))
+        tokens=int(t.steps) * int(t.batch_size) * int(config.data.seq_len), requires=requires,
+        hosts=acc["hosts"], slice=acc["slice"]))
   return cells
+
+
+def code_relative(path: str) -> str:
+  """FILE[:ARG] relative to the code root when the file lies in it: cells run from their own copy
+  of the code (a Slurm node's, a Ray worker's), never from the runner's absolute paths."""
+  file, sep, arg = path.partition(".py:")
+  file = file + ".py" if sep else file
+  try:
+    rel = Path(file).resolve().relative_to(REPO_ROOT)
+  except ValueError:
+    return path
+  return str(rel) + (f":{arg}" if sep else "")
 
 
 def _resolve_cell_refs(fields: dict, earlier: list[Cell], grid_path: str, labels) -> tuple[str, ...]:
@@ -284,8 +306,19 @@ def format_table(rows: list[dict]) -> str:
   cells = [[fmt.get(k, str)(r[k]) for k in head] for r in rows]
   widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(head)]
   lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
-  lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+  for r, row in zip(rows, cells):
+    lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + _live(r))
   return "\n".join(lines)
+
+
+def _live(row: dict) -> str:
+  """A running cell's progress, a failed one's error tail (`cell_rows(live=True)`)."""
+  if "step" in row:
+    eta = f", {row['eta_s'] / 60:.0f} min left" if "eta_s" in row else ""
+    return f"  (step {row['step']}, loss {row['loss']:.4f}{eta})"
+  if row.get("error"):
+    return f"  ({row['error'][-200:]})"
+  return ""
 
 
 # -- CLI ------------------------------------------------------------------------------------------
@@ -301,31 +334,26 @@ def main(argv: list[str] | None = None) -> int:
   ls.add_argument("--json", action="store_true", help="one JSON object per cell")
   run = sub.add_parser("run", help="run every unfinished cell")
   run.add_argument("--grid", required=True)
-  run.add_argument("--root", required=True, help="one directory per cell goes here")
-  run.add_argument("--backend", default="local", choices=("local", "tpu", "ray"))
+  run.add_argument("--root", required=True, help="one directory per cell goes here: local, or gs://BUCKET/DIR "
+                   "(then the bucket is all the runner and the workers share)")
+  run.add_argument("--backend", default="local", choices=tuple(backends.BACKENDS),
+                   help="where cells run: local subprocesses, TPU pod slices (launch/tpu_pod.sh), Slurm jobs, "
+                        "Ray gangs on slices")
   run.add_argument("--parallel", type=int, default=1, help="cells at a time")
   run.add_argument("--retries", type=int, default=2, help="retries of a failed cell (from its checkpoint)")
-  run.add_argument("--poll_seconds", type=float, default=1.0)
-  run.add_argument("--tpu_script", default="launch/tpu_pod.sh")
-  run.add_argument("--ray_address", default="auto", help="'auto', 'ray://host:port', or 'local'")
-  run.add_argument("--ray_num_cpus", type=float, default=1.0, help="CPUs each cell's task reserves")
-  run.add_argument("--ray_num_gpus", type=float, default=0.0, help="GPUs each cell's task reserves")
-  run.add_argument("--ray_resources", default="", help='custom resources per task, JSON ({"TPU": 4})')
-  st = sub.add_parser("status", help="print a table of the cells under --root")
+  run.add_argument("--poll_seconds", type=float, default=1.0, help="how often the runner polls its cells")
+  backends.add_arguments(run)
+  st = sub.add_parser("status", help="print a table of the cells under --root (running: step, loss, time left)")
   st.add_argument("--root", required=True)
-  st.add_argument("--json", action="store_true")
+  st.add_argument("--json", action="store_true", help="one JSON object per cell")
   plan_cmd.add_parser(sub)
   args = p.parse_args(argv)
   if args.command == "plan":
     return plan_cmd.main(args)
-  if getattr(args, "root", None) and storage.is_remote(args.root):
-    # The runner's claims are local files kept alive by heartbeats (mtime) and their holders'
-    # pids: nothing an object store offers (docs/guide/storage.md#not-covered).
-    raise ConfigError(f"--root={args.root}: a grid root must be a local or shared-filesystem directory "
-                      "(the runner's cell locks need file heartbeats); use a local --root")
-
   if args.command == "status":
-    rows = cell_rows(Path(args.root))
+    root = storage.resolve(args.root)
+    storage.check_bucket(root, "--root")
+    rows = cell_rows(root, live=True)
     print("\n".join(json.dumps(r) for r in rows) if args.json else format_table(rows))
     return 0
   cells = expand(args.grid)
@@ -335,17 +363,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(c.to_json(), sort_keys=True))
       else:
         needs = f"  needs={','.join(c.requires)}" if c.requires else ""
+        where = f"  hosts={c.hosts}" if c.hosts > 1 else ""
+        where += f"  slice={c.slice}" if c.slice else ""
         print(f"{c.run_id}  {c.family}/{c.variant}  size={c.size}  steps={c.steps}  tokens={human(c.tokens)}  "
-              f"config={os.path.relpath(c.config_path)}{needs}")
+              f"config={c.config_path}{where}{needs}")
     if not args.json:
       print(f"{len(cells)} cells")
     return 0
-  backend = backends.make_backend(args.backend, tpu_script=args.tpu_script, ray_address=args.ray_address,
-                                  ray_num_cpus=args.ray_num_cpus, ray_num_gpus=args.ray_num_gpus,
-                                  ray_resources=args.ray_resources,
-                                  compile_cache=str(Path(args.root).resolve() / ".jax_cache"))
-  counts = runner.Runner(cells, args.root, backend, args.parallel, args.retries, args.poll_seconds).run()
-  print(format_table(cell_rows(Path(args.root), [c.run_id for c in cells])))
+  root = storage.resolve(args.root)
+  backend = backends.make_backend(args.backend, args, root)
+  counts = runner.Runner(cells, root, backend, args.parallel, args.retries, args.poll_seconds).run()
+  print(format_table(cell_rows(root, [c.run_id for c in cells])))
   return 0 if counts.get("done", 0) == len(cells) else 1
 
 

@@ -17,6 +17,7 @@ A fit the points do not identify is drawn all the same, greyed in its legend ent
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -27,7 +28,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 import numpy as np  # noqa: E402
 
+from nsl import storage  # noqa: E402
 from nsl.errors import ArgumentParser, NslError, cli_main  # noqa: E402
+from nsl.scaling import mirror  # noqa: E402
 from nsl.scaling.approaches import CI_PERCENTILES  # noqa: E402
 from nsl.scaling.fit import compute_multiplier, data_multiplier, law_of  # noqa: E402
 from nsl.scaling.law import laws_from_rows  # noqa: E402
@@ -375,7 +378,14 @@ def main(argv=None):
   p.add_argument("--fits", default=None, help="a fit record elsewhere (default: ROOT/fits.json)")
   p.add_argument("--out", default=None, help="directory for the figures (default: ROOT/plots)")
   args = p.parse_args(argv)
+  bucket = storage.resolve(args.root) if args.root and storage.is_remote(args.root) and not args.out else None
+  if bucket:  # plot a local mirror of the bucket root's records, then put plots/ back
+    storage.check_bucket(bucket, "--root")
+    args.root = mirror.pull(bucket)
   written, skipped = make_plots(args.root, args.fits, args.out)
+  if bucket:
+    mirror.push(args.root, bucket, ("plots",))
+    written = [storage.join(bucket, os.path.relpath(str(w), args.root)) for w in written]
   for path in written:
     print(f"wrote {path}")
   for name, why in skipped.items():

@@ -40,7 +40,8 @@ def test_tiny_grid_expansion_is_deterministic():
   assert steps == {"d32": [54, 108, 215], "d48": [27, 53, 107], "d64": [16, 32, 64]}
   first = cells[0]
   assert first.run_id.startswith("standard-d32-55.3k-") and first.tokens == 54 * 16 * 64
-  assert first.launch_args("/w")[:2] == [f"--config={os.path.join(ROOT, 'configs', 'tiny.py')}", "--workdir=/w"]
+  # relative to the code root: a worker runs its own copy of the code, not the runner's paths
+  assert first.launch_args("/w")[:2] == ["--config=configs/tiny.py", "--workdir=/w"]
   assert ("train.steps", "54") in first.overrides and ("model.window", "none") in first.overrides
 
 
@@ -98,8 +99,8 @@ def test_sps_ladder_has_the_papers_25_runs():
   assert len(grid.plan(subgrids)) == 25  # 5 sizes x 4 variants at 20B + 5 standard at 40B
   from nsl.models import registry
   configs = [a[1] for cell in grid.plan(subgrids) for a in cell if a[0] == "config"]
-  if "sps" not in registry.FAMILIES or not all(os.path.isfile(os.path.join(ROOT, c)) for c in configs):
-    pytest.skip("the SPS family or its configs/{variant}_{size}.py are not in this tree yet")
+  assert "sps" in registry.FAMILIES
+  assert all(os.path.isfile(os.path.join(ROOT, c.split(":")[0])) for c in configs), configs  # FILE.py:ARG
   cells = grid.expand(LADDER_GRID)
   assert len({c.run_id for c in cells}) == 25
   assert sorted({c.size for c in cells}) == ["l", "m", "s", "xl", "xs"]
@@ -211,7 +212,7 @@ def test_runner_killed_halfway_then_rerun_completes_without_redoing(two_cell_gri
   assert len(done) == 1
   metrics = root / done[0] / "metrics.jsonl"
   before = (metrics.stat().st_size, metrics.stat().st_mtime_ns)
-  children = [s.get("child_pid") for k, s in st.items() if s["status"] == "running"]
+  children = [pid for s in st.values() if s["status"] == "running" for pid in s["job"]["pids"]]
   for pid in children:  # the killed group leaves no trainer behind
     for _ in range(50):
       if not alive(pid):
@@ -239,25 +240,6 @@ def test_runner_killed_halfway_then_rerun_completes_without_redoing(two_cell_gri
   assert json.loads((root / "fits.json").read_text())["families"]["standard"]["approach3"]["status"] == "skipped"
   assert plot.main([f"--root={root}"]) == 0
   assert (root / "plots" / "loss_vs_tokens.png").is_file()
-
-
-def test_ray_backend_runs_a_cell_on_a_local_ray_instance(two_cell_grid, tmp_path, monkeypatch):
-  try:
-    import ray  # noqa: F401
-  except ImportError:
-    pytest.skip("ray is not installed (pip install ray): the ray backend is untested here")
-  from nsl.scaling.backends import RayBackend
-  from nsl.scaling.runner import Runner
-
-  monkeypatch.setenv("XLA_FLAGS", SUBPROCESS_XLA_FLAGS)  # the workers run single-device launchers
-  cell = grid.expand(two_cell_grid)[0]
-  backend = RayBackend(address="local", local_cpus=2)
-  try:
-    counts = Runner([cell], str(tmp_path / "root"), backend, parallel=1, retries=0, poll_seconds=0.2).run()
-  finally:
-    backend.ray.shutdown()
-  assert counts == {"done": 1}
-  assert json.loads((tmp_path / "root" / cell.run_id / "result.json").read_text())["status"] == "done"
 
 
 @pytest.mark.parametrize("name", sorted(n for n in os.listdir(os.path.join(ROOT, "configs", "grids")) if n.endswith(".py")))

@@ -80,14 +80,17 @@ def test_runner_starts_a_student_after_its_teacher_and_fails_it_when_the_teacher
   status = json.loads((tmp_path / "root" / student.run_id / "status.json").read_text())
   assert f"--config.lift.teacher={tmp_path / 'root' / teacher.run_id}" in status["command"]
 
-  # a teacher that fails (a user error: exit 2, not retried) fails its student without starting it
+  # a teacher whose data cannot be prepared fails before it starts (the runner prepares a grid's
+  # data once, before any cell: nsl.scaling.griddata), and its student fails without starting
   bad_t, bad_s = grid.expand(_grid(tmp_path / "bad.py", data, text, {"data.path": str(tmp_path / "none"),
                                                                          "data.sources": (str(tmp_path / "no" / "*.txt"),)}))
   counts, log = _run([bad_t, bad_s], tmp_path / "root2")
   assert counts == {"failed": 2}, log
-  assert not any(bad_s.run_id in line for line in log.splitlines() if " start " in line)
+  assert not any(" start " in line for line in log.splitlines()), log
+  status = json.loads((tmp_path / "root2" / bad_t.run_id / "status.json").read_text())
+  assert status["status"] == "failed" and "matches no files" in status["error"], status
   status = json.loads((tmp_path / "root2" / bad_s.run_id / "status.json").read_text())
-  assert status["status"] == "failed" and bad_t.run_id in status["error"]
+  assert status["status"] == "failed" and bad_t.run_id in status["error"], status
 
 
 def test_the_s5_grid_chains_each_student_to_its_own_seeds_teacher():

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from nsl.scaling import cells as cell_files, grid
-from nsl.scaling.backends import make_backend
+from nsl.scaling.backends import LocalBackend
 from nsl.scaling.locks import CellLock
 from nsl.scaling.runner import Runner
 from tests.helpers import ROOT
@@ -27,7 +27,7 @@ def test_dead_runners_lock_on_a_finished_cell_is_recovered(tmp_path):
                                                 "child_pid": None, "child_start": None}))
     cell_files.update_status(d, run_id=d.name, status="running", attempts=1, failures=0)
   (done / "result.json").write_text(json.dumps({"status": "done", "eval": {"val": 1.0}}))
-  runner = Runner(cells, str(root), make_backend("local"), out=open(os.devnull, "w"))
+  runner = Runner(cells, str(root), LocalBackend(), out=open(os.devnull, "w"))
   runner._prepare()
   assert not (done / cell_files.LOCK_FILE).exists()
   assert json.loads((done / cell_files.STATUS_FILE).read_text())["status"] == "done"
