@@ -95,7 +95,9 @@ def test_a_copy_read_from_another_directory_needs_no_data_dir(run, monkeypatch, 
   os.rename(moved, root / "corpus" / "data")
 
 
-def test_lm_eval_model_of_a_copy_without_its_data_dir(run, monkeypatch):
+def test_lm_eval_zeroshot_and_hf_export_of_a_copy_without_its_data_dir(run, monkeypatch, capsys):
+  from nsl import hf
+  from nsl.evals import zeroshot
   from nsl.evals.lm_eval_model import NslLM
 
   root, _, copy, other = run
@@ -106,6 +108,13 @@ def test_lm_eval_model_of_a_copy_without_its_data_dir(run, monkeypatch):
     assert lm.tokenizer.name == "bpe" and lm.eot_token_id == rundata.info(copy)["eos_id"]
     (ll, _), = lm([(PROMPT, " of the House")])
     assert math.isfinite(ll) and ll < 0
+    with open("lambada.jsonl", "w") as f:
+      f.write(json.dumps({"text": "the people of the United States"}) + "\n")
+    assert zeroshot.main([f"--workdir={copy}", "--task=lambada=lambada.jsonl"]) == 0
+    assert json.loads(capsys.readouterr().out)["zeroshot"]["lambada"]["mean_loglik"] < 0
+    assert hf.main(["export", copy, "hf"]) == 0
+    with open(os.path.join(copy, "tokenizer", "tokenizer.json")) as a, open("hf/tokenizer.json") as b:
+      assert json.load(a)["model"]["merges"] == json.load(b)["model"]["merges"]
   finally:
     os.rename(root / "moved", root / "corpus" / "data")
 
