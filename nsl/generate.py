@@ -3,7 +3,8 @@
 `python -m nsl.generate --run=RUN_DIR --prompt=TEXT [--max_new_tokens=64] [--temperature=0]
 [--top_k=0] [--top_p=1] [--seed=0] [--speculative]`. The prompt is encoded with the run's
 tokenizer (the copy in RUN_DIR/tokenizer, `nsl.data.rundata`; a run recorded without one: its
-data directory; or `--data`), the continuation goes to stdout and the counts to stderr. Decoding stops at the end-of-document token unless `--ignore_eos`.
+data directory; or `--data`), the continuation goes to stdout and the counts to stderr. Decoding
+stops at the end-of-document token unless `--ignore_eos`.
 
 Every family that decodes runs its own cached decoder (docs/guide/decoding.md#generate): the
 standard trunk, SPS, NextLat and MTP through the shared KV cache (`nsl.decode`: one prefill, then

@@ -64,8 +64,9 @@ def test_the_run_holds_its_tokenizer_byte_for_byte(run):
   info = rundata.info(workdir)
   assert info["tokenizer"] == manifest["tokenizer"] and info["eos_id"] == manifest["eos_id"]
   assert info["vocab_size"] == manifest["vocab_size"] == 300 and info["data"] == data
-  with open(os.path.join(data, "tokenizer.json"), "rb") as a, open(os.path.join(workdir, "tokenizer", "tokenizer.json"), "rb") as b:
-    assert a.read() == b.read()
+  with open(os.path.join(data, "tokenizer.json"), "rb") as a:
+    with open(os.path.join(workdir, "tokenizer", "tokenizer.json"), "rb") as b:
+      assert a.read() == b.read()
   assert rundata.fingerprint(workdir) == datadir.tokenizer_fingerprint(data, manifest)
 
 
