@@ -68,7 +68,7 @@ def save(workdir: str, config) -> dict:
           "vocab_size": int(manifest["vocab_size"]), "eos_id": int(manifest["eos_id"]), "dtype": manifest["dtype"],
           "data": None if config.data.get("mixture") else storage.resolve(str(config.data.path)),
           "tokenizer_source": storage.resolve(source)}
-  if manifest.get("task"):
+  if isinstance(manifest.get("task"), dict):  # a task dir (planning, S5, arithmetic)
     info["task"] = manifest["task"].get("name")
   storage.write_text(storage.join(out, INFO), json.dumps(info, indent=1, sort_keys=True) + "\n")
   return info
