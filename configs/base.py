@@ -115,6 +115,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 250
+  # Also save when this many minutes passed since the last save (0 = off): bounds what a preemption
+  # loses in time whatever a step costs (docs/guide/pods.md#preemption). Not part of a grid cell's id.
+  c.checkpoint.every_minutes = 0.0
   c.checkpoint.keep = 3
   c.checkpoint.async_save = True
 
@@ -156,4 +159,5 @@ def paper_recipe(c: ml_collections.ConfigDict, size: str, tokens: float = 20e9) 
   c.train.eval_every = 2000
   c.train.eval_batches = 50
   c.checkpoint.every = 2000
+  c.checkpoint.every_minutes = 10.0  # a spot slice's ~30 s notice: at most 10 minutes lost (pods.md)
   return c

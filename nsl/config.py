@@ -249,11 +249,14 @@ def to_dict(config: ml_collections.ConfigDict) -> dict:
 # Fields a resume may change (docs/guide/training.md#checkpoints): how long to train,
 # how a batch is split into micro-batches (the same update), what to log and evaluate, how to
 # checkpoint, how attention is computed (the same function), the mesh (the state is resharded),
-# how shards are verified or found. Every other field fixes the parameters' shapes, the data
+# how shards are verified or found, where the prepared data dir lies (data.path: a grid moves it
+# into its root, nsl.scaling.griddata; what it holds is fixed by data.sources, the tokenizer and
+# val_fraction, which are compared). Every other field fixes the parameters' shapes, the data
 # stream or the model's function, and must match the checkpoint's.
 RESUME_MAY_CHANGE = (
     "train.steps", "train.grad_accum", "train.log_every", "train.eval_every", "train.eval_batches",
-    "train.max_nonfinite", "checkpoint", "mesh", "data.verify", "data.gpt2_bpe", "model.attention_impl",
+    "train.max_nonfinite", "checkpoint", "mesh", "data.verify", "data.gpt2_bpe", "data.path",
+    "model.attention_impl",
     "model.attention_chunk", "model.remat", "model.cpu_kernels", "evals", "log", "train.profile_steps",
 )
 
@@ -365,6 +368,10 @@ def _check_numeric_ranges(config) -> None:
   _integer(config, "model.attention_chunk", 0)
   _integer(config, "checkpoint.every", 1)
   _integer(config, "checkpoint.keep", 1)
+  minutes = config.checkpoint.every_minutes
+  if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or minutes < 0:
+    raise ConfigError(f"config.checkpoint.every_minutes={minutes!r} must be a number of minutes >= 0 (0 = off), "
+                      "e.g. --config.checkpoint.every_minutes=10")
   for field in ("model.d_model", "model.n_layers", "model.n_heads", "model.d_ff", "model.vocab_size",
                 "data.seq_len", "train.batch_size", "train.steps", "train.grad_accum", "train.log_every",
                 "train.eval_every", "train.eval_batches"):

@@ -180,7 +180,7 @@ def human(x: float) -> str:
 NEUTRAL_FIELDS = {("init_seed",): None, ("evals",): {}, ("model", "cpu_kernels"): True, ("data", "mixture"): ""}
 # Fields that never change what a cell trains or records: always left out (turning W&B on or
 # tracing a few steps finds the grid's finished cells).
-IGNORED_FIELDS = (("log",), ("train", "profile_steps"))
+IGNORED_FIELDS = (("log",), ("train", "profile_steps"), ("checkpoint", "every_minutes"))
 
 
 def config_hash(config_dict: dict) -> str:

@@ -32,15 +32,25 @@ FLOPS_CONVENTION = ("6 x params used per token (embedding counted once, as the t
 
 
 class _Preemption:
-  """SIGTERM -> stop at the next step boundary with a checkpoint (all hosts agree on TPU)."""
+  """SIGTERM -> stop at the next step boundary with a checkpoint, every process at the same step
+  (docs/guide/pods.md#preemption).
+
+  One process: a Python SIGTERM handler sets a flag. Several: JAX's distributed runtime installs
+  its own preemption notifier for SIGTERM (`jax.distributed.initialize`), which tells every host
+  and agrees on a step to stop at (`reached_preemption_sync_point`); nsl leaves that handler in
+  place, since a Python handler would replace it and a SIGTERM to one host would then reach no
+  other. A runtime without the service (`jax_enable_preemption_service` off) falls back to the
+  Python flag, agreed on at every step by a tiny all-gather.
+  """
 
   def __init__(self):
     self.requested = False
     self._previous = None
     self._depth = 0  # re-entrant: the Trainer holds it from __init__ (compile) to the end of run()
+    self.service = _preemption_service()
 
   def __enter__(self):
-    if self._depth == 0:
+    if self._depth == 0 and not self.service:
       try:
         self._previous = signal.signal(signal.SIGTERM, self._handle)
       except ValueError:  # not the main thread (tests driving run() from a thread)
@@ -57,18 +67,24 @@ class _Preemption:
       signal.signal(signal.SIGTERM, self._previous)
       self._previous = None
 
+  def poll(self, step: int, save_due: bool = False) -> tuple[bool, bool]:
+    """(stop, save): whether every process stops after `step`, and whether any asked for a timed
+    save (`checkpoint.every_minutes`), agreed on by all processes."""
+    if jax.process_count() == 1:
+      return self.requested, save_due
+    stop = self.service and multihost_utils.reached_preemption_sync_point(step)
+    flags = multihost_utils.process_allgather(np.asarray([self.requested, save_due], np.int32))
+    flags = np.asarray(flags).reshape(-1, 2)
+    return bool(stop or np.any(flags[:, 0])), bool(np.any(flags[:, 1]))
+
   def should_stop(self, step: int) -> bool:
-    if jax.process_count() > 1 and jax.default_backend() == "tpu":
-      try:
-        if multihost_utils.reached_preemption_sync_point(step):
-          return True
-      except Exception:  # the sync point needs the distributed runtime's preemption service
-        pass
-    if jax.process_count() > 1:
-      # Every process must stop at the same step: agree on the flag (a tiny all-reduce).
-      flags = multihost_utils.process_allgather(np.asarray([self.requested], np.int32))
-      return bool(np.any(flags))
-    return self.requested
+    return self.poll(step)[0]
+
+
+def _preemption_service() -> bool:
+  """Whether JAX's preemption notifier owns SIGTERM in this process (multi-process runs)."""
+  from jax._src import distributed
+  return jax.process_count() > 1 and distributed.global_state.preemption_sync_manager is not None
 
 
 def prepare_data(config) -> dict[str, Any]:
@@ -233,6 +249,7 @@ class Trainer:
     timing = lambda: {"wall_time_sec": wall_before + time.time() - start_time,
                       "cpu_time_sec": cpu_before + time.process_time() - start_cpu}
     tick, tick_step = time.time(), start
+    last_save = tick  # checkpoint.every_minutes counts from here (a restore is as good as a save)
     step = start
 
     def record_meta():
@@ -280,14 +297,17 @@ class Trainer:
             evals = self.evaluations(state.params)
             (eval_loss, eval_sources), eval_step = self._val(evals), step
             writer.write(step, evals)
-          if step % cfg.checkpoint.every == 0 and step < t.steps:
+          minutes = cfg.checkpoint.every_minutes
+          stop, timed = preemption.poll(step, bool(minutes) and time.time() - last_save >= 60 * minutes)
+          if (step % cfg.checkpoint.every == 0 or timed) and step < t.steps and not stop:
             if nonfinite_since is not None:  # the count in the checkpoint is exact at its step
               nonfinite_total += int(jax.device_get(nonfinite_since))
               nonfinite_since = None
             if self.is_main:  # before the save: a checkpoint's steps are always in the bucket's records
               self.records.push()
-            self.checkpointer.save(step, state, self.train_iter, record_meta())
-          if preemption.should_stop(step):
+            self.checkpointer.save(step, state, self.train_iter, record_meta(), force=timed)
+            last_save = time.time()
+          if stop:
             status = "preempted"
             break
       if nonfinite_since is not None:

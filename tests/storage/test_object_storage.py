@@ -148,11 +148,14 @@ def test_bad_bucket_input_is_one_line_and_writes_nothing(gcs, data, tmp_path, ca
   assert storage.listdir("gs://bucket/runs/bad") + storage.listdir("gs://bucket/theirs") == before
 
 
-def test_grid_root_in_a_bucket_is_refused_in_one_line(capsys):
+def test_a_missing_grid_root_in_a_bucket_is_one_line(gcs, capsys):
   from nsl.scaling import grid
-  assert grid.main(["status", "--root=gs://bucket/grid"]) == 2
+  assert grid.main(["status", "--root=gs://bucket/no-grid-here"]) == 2
   errors = _errors(capsys)
-  assert len(errors) == 1 and "a grid root must be a local or shared-filesystem directory" in errors[0], errors
+  assert len(errors) == 1 and "no grid there" in errors[0], errors
+  assert grid.main(["status", "--root=gs://no-such-bucket/grid"]) == 2
+  errors = _errors(capsys)
+  assert len(errors) == 1 and "bucket gs://no-such-bucket does not exist" in errors[0], errors
 
 
 def test_prepare_with_the_tokenizer_of_a_data_dir_in_a_bucket(gcs, data, tmp_path):
