@@ -119,6 +119,24 @@ def check_remote_workdir(workdir: str) -> str:
   return path
 
 
+def check_shared_workdir(workdir: str, process: int) -> None:
+  """On a process other than 0: the workdir process 0 made is visible and writable here."""
+  import socket
+
+  path = storage.resolve(workdir)
+  where = f"--workdir={workdir}: process {process} on {socket.gethostname()}"
+  if not storage.isdir(path) and not storage.is_remote(path):
+    raise ConfigError(f"{where} does not see the directory process 0 made; every host must see one workdir "
+                      "(a gs:// bucket, or a filesystem all hosts mount at the same path)")
+  probe = storage.join(path, f".nsl-write-test-{socket.gethostname()}-{os.getpid()}")
+  try:
+    storage.write_text(probe, "")
+    storage.remove(probe)
+  except Exception as e:
+    raise ConfigError(f"{where} cannot write there ({type(e).__name__}: {' '.join(str(e).split())[:120]}); "
+                      "every host needs write access to the workdir") from None
+
+
 def check_restore_from(path: str) -> None:
   """A --restore_from in a bucket names a run with checkpoints, checked before the workdir is
   touched (a local one is checked where it is read, as before)."""
@@ -183,6 +201,11 @@ def _main(args, overrides, early_sigterm: list) -> int:
     check_restore_from(args.restore_from)
   if jax.process_index() == 0:
     check_workdir(args.workdir)
+  if jax.process_count() > 1:  # every host, before step 1: one line, not a failed first checkpoint
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices("nsl_workdir_checked")
+    if jax.process_index() != 0:
+      check_shared_workdir(args.workdir, jax.process_index())
   from nsl.train import loop
 
   trainer = loop.Trainer(config, args.workdir, restore_from=args.restore_from, progress=not args.quiet)
