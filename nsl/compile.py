@@ -43,7 +43,8 @@ def parse_args(argv: list[str]):
   from nsl.config import split_overrides
 
   parser = ArgumentParser(prog="python -m nsl.compile", description=__doc__.split("\n")[0])
-  parser.add_argument("--config", required=True, help="config file with get_config()")
+  parser.add_argument("--config", required=True,
+                      help="config file with get_config(), or FILE.py:ARG (configs/sps.py:xl)")
   parser.add_argument("--topology", required=True, help="TPU slice: v4-32, v5p-64, v5e-256, v6e-64, v5e:4x4")
   parser.add_argument("--eval", action="store_true", help="also compile the eval step")
   parser.add_argument("--num_slices", type=int, default=1, help="multi-slice (DCN) compiles")

@@ -6,13 +6,18 @@ their tracebacks. Two environment failures are user-facing too and get the same 
 a full disk (any `OSError` with ENOSPC/EDQUOT in the exception chain: one line naming the file,
 its directory's free bytes and, where known, the bytes needed) and argparse mistakes (one line
 with a short usage hint, via `nsl.errors.ArgumentParser`).
+
+`nsl.errors.ArgumentParser` is also what every command's `--help` looks like: its module docstring
+whole, as written, and every option's default (docs/reference/cli.md is generated from that help).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import errno
 import functools
+import inspect
 import os
 import shutil
 import sys
@@ -110,9 +115,56 @@ def warn(msg: str) -> None:
   print(f"nsl: warning: {' '.join(str(msg).split())}", file=sys.stderr, flush=True)
 
 
+def _shows_default(action: argparse.Action) -> bool:
+  """An option whose default says something: not a flag's False, nor None, '' or an empty list."""
+  d = action.default
+  empty = d is None or d is False or d is argparse.SUPPRESS or (isinstance(d, (str, list, tuple, dict)) and not d)
+  return bool(action.option_strings) and not empty
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+  """The description as written (a module docstring keeps its usage lines and tables) and every
+  option's default, also for an option without a help string."""
+
+  def _get_help_string(self, action):
+    text = action.help or ""
+    if "%(default)" in text or not _shows_default(action):
+      return text
+    return f"{text} (default: %(default)s)".strip()
+
+  def _format_action(self, action):
+    if not action.help and _shows_default(action):  # argparse prints no help line at all otherwise
+      action = copy.copy(action)
+      action.help = "(default: %(default)s)"
+    return super()._format_action(action)
+
+
+def module_doc(prog: str | None) -> str | None:
+  """The docstring of the module a `python -m MODULE` prog runs (imported already: it is running)."""
+  words = (prog or "").split()
+  if len(words) != 3 or words[:2] != ["python", "-m"]:
+    return None
+  for module in list(sys.modules.values()):
+    spec = getattr(module, "__spec__", None)
+    if spec is not None and spec.name == words[2] and module.__doc__:
+      return inspect.cleandoc(module.__doc__)
+  return None
+
+
 class ArgumentParser(argparse.ArgumentParser):
   """argparse whose mistakes are one-line UsageErrors (exit 2 through `cli_main`), not the
-  multi-line usage block; `--help` still prints the full help."""
+  multi-line usage block; `--help` still prints the full help: with `HelpFormatter`, and for a
+  `python -m MODULE` prog the module's whole docstring as the description, also where the caller
+  passes only its first line (a description that is not the docstring's beginning is kept)."""
+
+  def __init__(self, *args, description: str | None = None, **kwargs):
+    kwargs.setdefault("formatter_class", HelpFormatter)
+    super().__init__(*args, **kwargs)
+    doc = module_doc(self.prog)
+    given = " ".join((description or "").split())
+    if doc and " ".join(doc.split()).startswith(given):
+      description = doc
+    self.description = description
 
   def error(self, message):
     raise UsageError(f"{self.prog}: {message} (usage: {self.short_usage()}; --help for all options)")

@@ -217,15 +217,15 @@ def _parse(argv):
   p.add_argument("--impls", default=None,
                  help="comma-separated from xla,chunked,splash,pallas_gpu,flash_cpu (default: xla,chunked "
                       "plus the platform's kernel)")
-  p.add_argument("--rules", default=",".join(RULES))
-  p.add_argument("--batch", type=int, default=1)
-  p.add_argument("--heads", type=int, default=4)
-  p.add_argument("--head_dim", type=int, default=64)
+  p.add_argument("--rules", default=",".join(RULES), help="comma-separated attention rules to time")
+  p.add_argument("--batch", type=int, default=1, help="rows per call")
+  p.add_argument("--heads", type=int, default=4, help="attention heads")
+  p.add_argument("--head_dim", type=int, default=64, help="dimension of each head")
   p.add_argument("--block", type=int, default=0,
                  help="tile size of every implementation and the tile counts (0: each one's own, docstring)")
   p.add_argument("--window", type=int, default=64, help="SPS temporary-key window w / sliding window")
-  p.add_argument("--repeats", type=int, default=3)
-  p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  p.add_argument("--repeats", type=int, default=3, help="timed repetitions per measurement (the median is reported)")
+  p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="dtype of q, k and v")
   p.add_argument("--torch_python", default=None,
                  help="a Python with PyTorch: time its fused causal SDPA beside the causal rule (docstring)")
   p.add_argument("--rounds", type=int, default=3, help="alternating nsl / torch rounds with --torch_python")

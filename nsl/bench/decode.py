@@ -63,12 +63,13 @@ VARIANTS = ("standard", "sps", "twox_memory", "delayed_state", "reverse_sps")
 
 def _parse(argv):
   p = ArgumentParser(prog="python -m nsl.bench.decode", description=__doc__.split("\n")[0])
-  p.add_argument("--config", required=True)
-  p.add_argument("--variants", default=",".join(VARIANTS))
-  p.add_argument("--prompt_len", type=int, default=448)
-  p.add_argument("--new_tokens", type=int, default=64)
-  p.add_argument("--batch", type=int, default=1)
-  p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--config", required=True,
+                 help="config file, or FILE.py:ARG (configs/sps.py:tiny); its model is decoded")
+  p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variants timed side by side")
+  p.add_argument("--prompt_len", type=int, default=448, help="prompt tokens (prefilled)")
+  p.add_argument("--new_tokens", type=int, default=64, help="tokens decoded after the prompt")
+  p.add_argument("--batch", type=int, default=1, help="sequences decoded at once")
+  p.add_argument("--repeats", type=int, default=5, help="timed runs per variant (best and median reported)")
   p.add_argument("--layout", default=None, choices=("interleaved", "stream_major"),
                  help="prefill layout of the SPS variants (default: the config's, else nsl.models.sps.DEFAULT_LAYOUT)")
   p.add_argument("--workdir", default=None,

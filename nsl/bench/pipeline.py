@@ -66,7 +66,8 @@ def step_tokens_per_sec(config, steps: int) -> tuple[float, float]:
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
   parser = ArgumentParser(prog="python -m nsl.bench.pipeline", description=__doc__.split("\n")[0])
-  parser.add_argument("--config", default="configs/tiny.py")
+  parser.add_argument("--config", default="configs/tiny.py",
+                      help="config file, or FILE.py:ARG, whose data pipeline is timed")
   parser.add_argument("--batches", type=int, default=200, help="batches timed per pipeline setting")
   parser.add_argument("--steps", type=int, default=5, help="train steps timed (median) after the compile step")
   args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)

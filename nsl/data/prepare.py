@@ -387,13 +387,14 @@ def _parser() -> ArgumentParser:
                  help="reuse the tokenizer of this prepared data dir (e.g. a run's data.path), BPE file included")
   p.add_argument("--out", required=True,
                  help="the data dir to write: a local directory or gs://bucket/dir (staged and resumed locally)")
-  p.add_argument("--val_fraction", type=float, default=DEFAULT_VAL_FRACTION)
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--shard_tokens", type=int, default=DEFAULT_SHARD_TOKENS)
-  p.add_argument("--max_docs", type=int, default=None)
+  p.add_argument("--val_fraction", type=float, default=DEFAULT_VAL_FRACTION,
+                 help="fraction of documents held out for validation")
+  p.add_argument("--seed", type=int, default=0, help="seed of the train/validation split")
+  p.add_argument("--shard_tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard file")
+  p.add_argument("--max_docs", type=int, default=None, help="at most this many documents per source (default: all)")
   p.add_argument("--force", action="store_true", help="rebuild an existing data dir")
   p.add_argument("--workers", type=int, default=1,
-                 help="processes that tokenize document batches (same output for any number; default 1)")
+                 help="processes that tokenize document batches (same output for any number)")
   return p
 
 

@@ -254,11 +254,11 @@ def main(argv=None) -> int:
   p.add_argument("--root", default="", help="a grid root: every done cell, grouped by its labels but the seed")
   p.add_argument("--force", action="store_true", help="with --root: re-score cells that have a record")
   p.add_argument("--lengths", default="", help="rows, e.g. 1-16,20,32 (default: the task's)")
-  p.add_argument("--per_length", type=int, default=2000)
-  p.add_argument("--batch_size", type=int, default=2000)
+  p.add_argument("--per_length", type=int, default=2000, help="test sequences per length")
+  p.add_argument("--batch_size", type=int, default=2000, help="rows per forward pass")
   p.add_argument("--data", default="", help="S5 / arithmetic task dir (default: each run's data.path)")
   p.add_argument("--feed", default="own", choices=("own", "bias"), help="LIFT state channel at test")
-  p.add_argument("--out", default="")
+  p.add_argument("--out", default="", help="where to write the JSON record (default: each run's workdir)")
   a = p.parse_args(argv)
   from nsl.data import rundata
   from nsl.evals import common

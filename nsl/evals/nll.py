@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
   p = common.run_parser("nll", __doc__)
   p.add_argument("--data", action="append", default=[], help="DIR or NAME=DIR prepared with nsl.data.prepare "
                  "(repeatable; default: the run's own data)")
-  p.add_argument("--split", default="val", help="split of every data dir to score (default val)")
+  p.add_argument("--split", default="val", help="split of every data dir to score")
   p.add_argument("--max_batches", type=int, default=None, help="at most this many batches per set")
   p.add_argument("--batch_size", type=int, default=None, help="sequences per batch (default: the run's)")
   p.add_argument("--feed", default=None, choices=("own", "teacher", "bias"),

@@ -118,7 +118,7 @@ def main(argv=None) -> int:
   p = common.run_parser("persistent_window", __doc__)
   p.add_argument("--omega", type=int, default=64, help="persistent-key window ω in tokens")
   p.add_argument("--docs", type=int, default=8000, help="documents to average over (fewer if the split ends)")
-  p.add_argument("--batch_size", type=int, default=8)
+  p.add_argument("--batch_size", type=int, default=8, help="documents per forward pass")
   p.add_argument("--out", default=None, help="JSON path (default WORKDIR/persistent_window.json)")
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
   if args.omega < 0 or args.docs < 1 or args.batch_size < 1:

@@ -244,12 +244,12 @@ def evaluate_curve(workdir: str, limit: int | None = None, batch_size: int = 250
 def main(argv=None) -> int:
   p = common.run_parser("planning", __doc__)
   p.add_argument("--limit", type=int, default=None, help="first N test problems only")
-  p.add_argument("--batch_size", type=int, default=250)
+  p.add_argument("--batch_size", type=int, default=250, help="test problems per decoding batch")
   p.add_argument("--data", default=None, help="task data dir (default: the run's data.path)")
   p.add_argument("--all_checkpoints", action="store_true",
                  help="score every kept checkpoint: the learning curve in WORKDIR/planning_curve.json")
   p.add_argument("--temperature", type=float, default=0.0,
-                 help="0 (default): greedy; > 0: sample the answers at this temperature (NextLat's paper: 1.0)")
+                 help="0: greedy; > 0: sample the answers at this temperature (NextLat's paper: 1.0)")
   p.add_argument("--sample_seed", type=int, default=0, help="the sampling key's seed (with --temperature > 0)")
   a = p.parse_args(argv)
   if a.all_checkpoints:

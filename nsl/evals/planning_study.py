@@ -155,9 +155,9 @@ def main(argv=None) -> int:
   p = ArgumentParser(prog="python -m nsl.evals.planning_study", description=__doc__.split("\n")[0])
   p.add_argument("--root", required=True, help="a planning grid root (nsl.scaling.grid)")
   p.add_argument("--limit", type=int, default=None, help="first N test problems only")
-  p.add_argument("--batch_size", type=int, default=250)
-  p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: sampled answers")
-  p.add_argument("--sample_seed", type=int, default=0)
+  p.add_argument("--batch_size", type=int, default=250, help="test problems per decoding batch")
+  p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampled answers")
+  p.add_argument("--sample_seed", type=int, default=0, help="the sampling key's seed (with --temperature > 0)")
   p.add_argument("--unfinished", action="store_true",
                  help="also score cells still training (up to their latest checkpoint)")
   a = p.parse_args(argv)

@@ -403,7 +403,7 @@ def main(argv=None):
                  "(default: standard, when present)")
   p.add_argument("--loss_key", default="val", help="eval split used as the loss (grid roots)")
   p.add_argument("--params", default="total", choices=sorted(PARAM_KEYS),
-                 help="N = total (default) or non-embedding parameters (grid roots)")
+                 help="N = total or non-embedding parameters (grid roots)")
   p.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples (0 = none)")
   p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
   args = p.parse_args(argv)

@@ -96,12 +96,12 @@ def answer_accuracy(logits_BTV: np.ndarray, labels_BT: np.ndarray) -> float:
 
 def main(argv=None) -> int:
   p = ArgumentParser(prog="python -m nsl.data.tasks.arithmetic", description=__doc__.split("\n")[0])
-  p.add_argument("--out", required=True)
-  p.add_argument("--train_sequences", type=int, default=200_000)
-  p.add_argument("--val_sequences", type=int, default=2_000)
-  p.add_argument("--heldout_per_count", type=int, default=1_000)
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--force", action="store_true")
+  p.add_argument("--out", required=True, help="the task data dir to write")
+  p.add_argument("--train_sequences", type=int, default=200_000, help="training sequences to generate")
+  p.add_argument("--val_sequences", type=int, default=2_000, help="validation sequences to generate")
+  p.add_argument("--heldout_per_count", type=int, default=1_000, help="held-out problems per operand count")
+  p.add_argument("--seed", type=int, default=0, help="random seed of the problems")
+  p.add_argument("--force", action="store_true", help="rewrite an existing data dir")
   a = p.parse_args(argv)
   generate(a.out, a.train_sequences, a.val_sequences, a.heldout_per_count, a.seed, a.force)
   print(f"arithmetic: wrote {a.out} (data.seq_len={WINDOW})", file=sys.stderr)

@@ -93,14 +93,20 @@ def load_test(data_dir: str) -> tuple[np.ndarray, np.ndarray]:
     return z["prompts"], z["answers"]
 
 
+PARAM_HELP = {"n_train": "training problems to generate", "n_test": "test problems to generate",
+              "max_num": "largest number in a problem", "d": "number of arms",
+              "l": "arm length ℓ: nodes per arm plus the centre",
+              "seed": "random seed of the problems"}
+
+
 def task_main(name: str, task_cls, defaults: dict[str, int], argv=None) -> int:
   """`python -m nsl.data.tasks.NAME --out=DIR [--PARAM=N ...]`: one integer flag per task parameter
   (`defaults`, in the order of the task's source string `task:NAME:k=v,...`)."""
-  p = ArgumentParser(prog=f"python -m nsl.data.tasks.{name}", description=f"Writes the {name} task's data dir.")
+  p = ArgumentParser(prog=f"python -m nsl.data.tasks.{name}")  # described by the task module's docstring
   for key, value in defaults.items():
-    p.add_argument(f"--{key}", type=int, default=value)
-  p.add_argument("--out", required=True)
-  p.add_argument("--force", action="store_true")
+    p.add_argument(f"--{key}", type=int, default=value, help=PARAM_HELP.get(key))
+  p.add_argument("--out", required=True, help="the task data dir to write (train/val shards and the test set)")
+  p.add_argument("--force", action="store_true", help="rewrite an existing data dir")
   a = p.parse_args(argv)
   params = {key: getattr(a, key) for key in defaults}
   spec = f"task:{name}:" + ",".join(f"{k}={v}" for k, v in params.items())

@@ -139,14 +139,14 @@ def load_heldout(data_dir: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
 
 def main(argv=None) -> int:
   p = ArgumentParser(prog="python -m nsl.data.tasks.s5", description=__doc__.split("\n")[0])
-  p.add_argument("--out", required=True)
-  p.add_argument("--train_sequences", type=int, default=200_000)
-  p.add_argument("--val_sequences", type=int, default=2_000)
-  p.add_argument("--max_train_len", type=int, default=16)
-  p.add_argument("--heldout_per_length", type=int, default=2_000)
-  p.add_argument("--max_eval_len", type=int, default=64)
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--force", action="store_true")
+  p.add_argument("--out", required=True, help="the task data dir to write")
+  p.add_argument("--train_sequences", type=int, default=200_000, help="training sequences to generate")
+  p.add_argument("--val_sequences", type=int, default=2_000, help="validation sequences to generate")
+  p.add_argument("--max_train_len", type=int, default=16, help="longest training sequence")
+  p.add_argument("--heldout_per_length", type=int, default=2_000, help="held-out sequences per length")
+  p.add_argument("--max_eval_len", type=int, default=64, help="longest held-out sequence")
+  p.add_argument("--seed", type=int, default=0, help="random seed of the sequences")
+  p.add_argument("--force", action="store_true", help="rewrite an existing data dir")
   a = p.parse_args(argv)
   m = generate(a.out, a.train_sequences, a.val_sequences, a.max_train_len, a.heldout_per_length, a.max_eval_len,
                a.seed, a.force)
