@@ -248,3 +248,28 @@ def test_every_shipped_grid_expands_to_valid_cells_with_unique_ids(name):
   run ids: two cells sharing an id would share a workdir."""
   cells = grid.expand(os.path.join(ROOT, "configs", "grids", name))
   assert cells and len({c.run_id for c in cells}) == len(cells)
+
+
+def test_status_shows_a_running_cells_progress_and_a_failed_cells_worker(tmp_path):
+  running, failed = tmp_path / "a-1", tmp_path / "b-2"
+  for d, steps in ((running, 100), (failed, 10)):
+    d.mkdir()
+    cell_files.write_json(str(d / cell_files.CELL_FILE), {"run_id": d.name, "family": "standard", "steps": steps})
+  claim = CellLock.acquire(str(running / cell_files.LOCK_FILE))
+  try:
+    cell_files.update_status(str(running), status="running", attempts=1)
+    rows = [{"step": 10, "loss": 3.0, "tokens": 10_000, "tokens_per_sec": 500.0},
+            {"step": 20, "loss": 2.5, "tokens": 20_000, "tokens_per_sec": 1000.0}]
+    (running / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (failed / "logs").mkdir()
+    (failed / "logs" / "slurm-7-task0.log").write_text("step 3\nall fine\n")
+    (failed / "logs" / "slurm-7-task1.log").write_text("step 3\nnsl: error: data dir gs://b/d is missing\n")
+    cell_files.update_status(str(failed), status="failed", attempts=3)
+    by_id = {r["run_id"]: r for r in cell_files.cell_rows(str(tmp_path), live=True)}
+    # 80 steps left at 1,000 tokens a step and 1,000 tokens/s
+    assert by_id["a-1"]["step"] == 20 and by_id["a-1"]["eta_s"] == pytest.approx(80.0)
+    assert by_id["b-2"]["error"].startswith("[slurm-7-task1] ") and "is missing" in by_id["b-2"]["error"]
+    table = grid.format_table(list(by_id.values()))
+    assert "(step 20, loss 2.5000, 1 min left)" in table and "[slurm-7-task1]" in table
+  finally:
+    claim.release()
