@@ -7,9 +7,11 @@
 #   a Python with `pip install -e ".[gpu]"`), NSL_PORT (coordinator port, default 29500),
 #   NSL_DRY_RUN=1 (print the batch script instead of submitting it).
 # The first node of the allocation is the coordinator (HOST:NSL_PORT); each task passes its
-# SLURM_PROCID as --process_id and SLURM_NTASKS as --num_processes. WORKDIR (and a CONFIG file
-# given relative to the current directory) are made absolute here, since the job runs from
-# NSL_REPO_DIR; WORKDIR must be on a filesystem shared by the nodes. docs/guide/accelerators.md.
+# SLURM_PROCID as --process_id and SLURM_NTASKS as --num_processes. A local WORKDIR (and a CONFIG
+# file given relative to the current directory) is made absolute here, since the job runs from
+# NSL_REPO_DIR, and must be on a filesystem shared by the nodes; a gs:// (any URL) WORKDIR is
+# passed on as written, and sbatch's own output then goes to the first node's /tmp.
+# A grid of such runs is `python -m nsl.scaling.grid run --backend=slurm`. docs/guide/accelerators.md.
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
 need_args 3 "$0 NODES CONFIG WORKDIR [--config.a.b=v ...]" "$@"
@@ -20,7 +22,11 @@ repo=${NSL_REPO_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
 python=${NSL_PYTHON:-$repo/.venv/bin/python}
 gpus=${GPUS_PER_NODE:-8}
 port=${NSL_PORT:-29500}
-case $workdir in /*) ;; *) workdir=$PWD/$workdir ;; esac
+case $workdir in
+  /* | *://*) ;;  # absolute, or object storage (gs://bucket/run): as given
+  *) workdir=$PWD/$workdir ;;
+esac
+case $workdir in *://*) output=/tmp/slurm-%j.out remote=1 ;; *) output=$workdir/slurm-%j.out remote=0 ;; esac
 config_file=${config%%:*}
 if [ -e "$config_file" ] && [ "${config_file#/}" = "$config_file" ]; then
   config=$PWD/$config  # a relative FILE[:ARG] that exists here; otherwise it names one under the repo
@@ -38,7 +44,7 @@ script=$(cat <<SBATCH
 #SBATCH --signal=TERM@120
 ${PARTITION:+#SBATCH --partition=$PARTITION}
 ${ACCOUNT:+#SBATCH --account=$ACCOUNT}
-#SBATCH --output=$workdir/slurm-%j.out
+#SBATCH --output=$output
 set -euo pipefail
 # sed reads every host name: \`head -n 1\` would close the pipe early, and with pipefail
 # scontrol's SIGPIPE (exit 141) would end the job.
@@ -54,5 +60,5 @@ if [ "${NSL_DRY_RUN:-0}" = 1 ]; then
   echo "$script"
   exit 0
 fi
-mkdir -p "$workdir"
+[ "$remote" = 1 ] || mkdir -p "$workdir"  # slurm writes its output file there
 echo "$script" | sbatch

@@ -109,3 +109,24 @@ def test_dry_run_prints_the_script_and_bad_input_is_one_line(fake_cluster):
   for argv in (["2", "configs/tiny.py"], ["two", "configs/tiny.py", "/tmp/x"]):
     bad = subprocess.run(["bash", SCRIPT, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_gs_workdir_is_passed_on_as_written(fake_cluster, tmp_path):
+  """A bucket workdir reaches every node's launcher untouched (it once became $PWD/gs:/...); no
+  local directory is made for it, and sbatch's own output goes to the node's /tmp."""
+  env, record = fake_cluster
+  workdir = "gs://bucket/runs/tiny"
+  dry = subprocess.run(["bash", SCRIPT, "2", "configs/tiny.py", workdir], cwd=str(tmp_path),
+                       env=dict(env, NSL_DRY_RUN="1"), capture_output=True, text=True, timeout=60)
+  assert dry.returncode == 0, dry.stderr
+  assert f"--workdir={workdir}" in dry.stdout and "#SBATCH --output=/tmp/slurm-%j.out" in dry.stdout.splitlines()
+  submit = subprocess.run(["bash", SCRIPT, "2", "configs/tiny.py", workdir], cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True, timeout=60)
+  assert submit.returncode == 0, submit.stderr
+  assert sorted(os.listdir(tmp_path)) == ["bin", "record"]  # no ./gs:/bucket/... made for it
+  job_env = dict(env, SLURM_JOB_NODELIST="gpu-a[07-08],gpu-b01", SLURM_JOB_NUM_NODES="2", SLURM_JOB_ID="4243")
+  run = subprocess.run(["bash", str(record / "batch.sh")], cwd=str(tmp_path), env=job_env, capture_output=True,
+                       text=True, timeout=60)
+  assert run.returncode == 0, run.stderr
+  for pid in range(2):
+    assert f"--workdir={workdir}" in _argv(record / f"task{pid}.argv")
