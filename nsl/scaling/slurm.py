@@ -17,8 +17,9 @@ the time limit the launcher gets SIGTERM, saves and exits "preempted"; the runne
 the cell again). Its state is read from Slurm's own records: `sacct` where the cluster keeps
 accounting, else `scontrol show job` (jobs stay there MinJobAge seconds after they end), else the
 jobcomp/filetxt file when the controller writes one this host can read. Stopping the runner
-sends `scancel --signal=TERM --full` (the tasks checkpoint and exit; a job still queued is simply
-cancelled), a second stop `scancel`. The batch script goes to sbatch on stdin and sbatch's own
+sends `scancel --signal=TERM` to the job's tasks (they checkpoint and exit; not `--full`: srun
+answers a SIGTERM of its own by killing its tasks), cancels a job whose tasks have not started,
+and a second stop `scancel`s. The batch script goes to sbatch on stdin and sbatch's own
 output to the node's /tmp: nothing is written to a shared file system.
 
 Why not submitit: it can express this job (nodes, tasks per node, srun), but it keeps the pickled
@@ -265,15 +266,17 @@ exec {py} -m nsl.scaling.task --workdir={shlex.quote(workdir)} --name="$name" --
 
   # -- stopping ---------------------------------------------------------------------------------
   def terminate(self, job: SlurmJob) -> None:
-    """SIGTERM to every task and the batch shell (the launcher checkpoints and exits); a job that
-    has not started yet has nothing to save and is cancelled."""
+    """SIGTERM to every task (the launcher checkpoints and exits). Only to the tasks: srun itself
+    answers SIGTERM by killing them ("forcing job termination"), so not `--full`. A job whose
+    tasks have not started has nothing to save and is cancelled."""
     if job.rc is not None:
       return
-    found = self.job_state(job.job_id)
-    if found and found[0] in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING"):
+    steps = _slurm("squeue", "-h", "-s", "-j", job.job_id, "-o", "%i")
+    tasks = [s for s in steps.stdout.split() if not s.endswith((".batch", ".extern"))]
+    if steps.returncode == 0 and not tasks:
       _slurm("scancel", job.job_id)
     else:
-      _slurm("scancel", "--signal=TERM", "--full", job.job_id)
+      _slurm("scancel", "--signal=TERM", job.job_id)
 
   def kill(self, job: SlurmJob) -> None:
     if job.rc is None:
