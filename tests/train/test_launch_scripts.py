@@ -13,11 +13,36 @@ def _dry(script, *args, **env):
   return out.stdout
 
 
+def _words(line):
+  """The argv a dry run's `printf %q` line stands for (bash reads it back)."""
+  out = subprocess.run(["bash", "-c", 'eval "set -- $1"; printf "%s\\0" "$@"', "_", line], capture_output=True,
+                       text=True, check=True)
+  return out.stdout.split("\0")[:-1]
+
+
 def test_tpu_pod_runs_the_launcher_on_every_worker():
   out = _dry("tpu_pod.sh", "configs/sps.py:standard_xl", "/mnt/runs/xl", "--config.train.steps=10",
              TPU_NAME="pod", ZONE="us-east5-a")
-  assert "tpu-vm ssh pod" in out and "--worker=all" in out and "--zone=us-east5-a" in out
-  assert "nsl.launch" in out and "--distributed=auto" in out and "--config.train.steps=10" in out
+  copy, ready, launch = map(_words, out.strip().splitlines())  # ship the code, prepare every worker, run
+  assert copy[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "scp"] and "--worker=all" in copy
+  assert copy[6].startswith("pod:nsl-code-") and copy[6].endswith(".tar.gz")
+  for cmd in (ready, launch):
+    assert cmd[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "pod"]
+    assert "--worker=all" in cmd and "--zone=us-east5-a" in cmd
+  prepare, run = ready[-1], launch[-1]
+  assert "uv venv -q --python 3.11 .venv" in prepare and "uv pip install -q --python .venv/bin/python -e" in prepare
+  assert "lsof -t" in prepare and "kill -TERM" in prepare  # a stale TPU holder is stopped first
+  assert '--name="worker$i" -- .venv/bin/python -m nsl.launch --config=configs/sps.py:standard_xl' in run
+  assert "-m nsl.scaling.task --workdir=/mnt/runs/xl" in run and "--distributed=auto --config.train.steps=10" in run
+  assert run.startswith('--command=set -euo pipefail; cd "$HOME/nsl-code/"') and "cd ~/nsl" not in out  # the shipped code
+
+
+def test_tpu_pod_passes_a_checkout_config_relative_and_refuses_a_relative_workdir():
+  out = _dry("tpu_pod.sh", os.path.join(ROOT, "configs", "tiny.py"), "gs://b/runs/t", TPU_NAME="pod", ZONE="z")
+  assert "--config=configs/tiny.py" in _words(out.splitlines()[2])[-1]  # the workers' copy of the checkout
+  bad = subprocess.run(["bash", "launch/tpu_pod.sh", "configs/tiny.py", "runs/t"], cwd=ROOT, capture_output=True,
+                       text=True, env=dict(os.environ, NSL_DRY_RUN="1", TPU_NAME="pod", ZONE="z"), timeout=60)
+  assert bad.returncode == 2 and "WORKDIR must be gs://" in bad.stderr and len(bad.stderr.splitlines()) == 1
 
 
 def test_gpu_slurm_script_passes_the_process_layout():
