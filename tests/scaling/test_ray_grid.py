@@ -1,0 +1,156 @@
+"""`grid run --backend=ray` on a real Ray cluster on this host (docs/guide/pods.md#ray).
+
+Four raylets stand for two slices of type "cpu2" with two hosts each, named as Ray names a Cloud TPU
+slice's hosts: TPU-cpu2-head on host 0 of each, and the slice's own name ("slice-a", "slice-b") on
+every host of it. The cells are configs/tiny.py with 2 processes each (one CPU device per process,
+gloo collectives), run through the grid CLI as a user would.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import pytest
+
+from tests.helpers import ROOT, SUBPROCESS_XLA_FLAGS, make_corpus, run_cli
+
+ray = pytest.importorskip("ray")  # in [dev]: the suite runs these
+pytestmark = pytest.mark.slow
+
+HEAD = "TPU-cpu2-head"
+STEPS, EVERY = 120, 20  # a checkpoint every 20 steps: the kill lands with 100 steps still to go
+
+
+@pytest.fixture(scope="module")
+def cluster():
+  from ray.cluster_utils import Cluster
+
+  temp = tempfile.mkdtemp(prefix="nslray", dir="/tmp")  # short: Ray's socket paths live under it
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setenv("XLA_FLAGS", SUBPROCESS_XLA_FLAGS)  # the raylets' env, so the trainers': one CPU device each
+    mp.setenv("JAX_PLATFORMS", "cpu")
+    t0 = time.time()
+    c = Cluster(initialize_head=True, head_node_args=dict(num_cpus=0, include_dashboard=False, temp_dir=temp,
+                                                          resources={HEAD: 1, "slice-a": 1}))
+    for resources in ({"slice-a": 1}, {HEAD: 1, "slice-b": 1}, {"slice-b": 1}):
+      c.add_node(num_cpus=0, resources=resources)
+    c.wait_for_nodes()
+    print(f"\nray: a 4-node cluster started in {time.time() - t0:.1f}s")
+  try:
+    yield c
+  finally:
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+  d = tmp_path_factory.mktemp("raygrid")
+  corpus = make_corpus(str(d))
+  return d, corpus, os.path.join(os.path.dirname(corpus), "text", "*.txt")
+
+
+def write_grid(data, name: str, seeds: list[int]) -> str:
+  d, corpus, text = data
+  path = d / name
+  path.write_text(textwrap.dedent(f"""
+      def get_grid():
+        return {{"base": "configs/tiny.py",
+                "overrides": {{"hosts": 2, "slice": "cpu2", "data.path": {corpus!r}, "data.sources": ({text!r},),
+                              "data.tokenizer": "byte", "data.val_fraction": 0.2, "model.vocab_size": 257,
+                              "model.d_model": 32, "model.n_layers": 2, "model.n_heads": 2, "model.d_ff": 96,
+                              "data.seq_len": 64, "train.batch_size": 8, "train.warmup_steps": 1,
+                              "train.decay_steps": 1, "train.steps": {STEPS}, "train.log_every": {EVERY},
+                              "train.eval_every": 100000, "train.eval_batches": 1, "checkpoint.every": {EVERY},
+                              "checkpoint.async_save": False}},
+                "axes": {{"seed": {seeds!r}}}}}
+  """))
+  return str(path)
+
+
+def grid_run(grid: str, root, cluster) -> list[str]:
+  return [sys.executable, "-m", "nsl.scaling.grid", "run", f"--grid={grid}", f"--root={root}", "--backend=ray",
+          f"--ray_address={cluster.address}", "--parallel=2", "--poll_seconds=0.2"]
+
+
+def cell_dirs(root) -> list:
+  return sorted(p.parent for p in root.glob("*/cell.json"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cluster, data, tmp_path_factory):
+  """Both cells (seeds 0 and 1) run to the end, two at a time: the reference digests."""
+  root = tmp_path_factory.mktemp("uninterrupted") / "root"
+  t0 = time.time()
+  proc = run_cli(*grid_run(write_grid(data, "two.py", [0, 1]), root, cluster)[1:], timeout=300)
+  print(f"ray: two 2-process cells in {time.time() - t0:.1f}s")
+  assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+  return root
+
+
+def test_two_cells_run_at_once_on_the_two_slices(uninterrupted):
+  cells = cell_dirs(uninterrupted)
+  assert len(cells) == 2
+  spans, slices = [], []
+  for d in cells:
+    status = json.loads((d / "status.json").read_text())
+    assert status["status"] == "done" and status["attempts"] == 1 and status["job"]["slice_type"] == "cpu2"
+    assert json.loads((d / "result.json").read_text())["processes"] == 2
+    spans.append([time.mktime(time.strptime(status[k], "%Y-%m-%dT%H:%M:%S")) for k in ("started", "finished")])
+    logs = sorted(p.name for p in (d / "logs").glob("*.log"))  # one per host, named after its slice
+    assert len(logs) == 2 and logs[0].endswith("-host0.log") and logs[1].endswith("-host1.log"), logs
+    slices.append(logs[0].rsplit("-host", 1)[0])
+  (a0, a1), (b0, b1) = spans
+  assert a0 < b1 and b0 < a1, spans  # they ran at the same time ...
+  assert sorted(slices) == ["slice-a", "slice-b"]  # ... each on every host of its own slice
+
+
+def trainer(workdir: str, process_id: int):
+  """The trainer process (not its nsl.scaling.task parent) of one host of the cell at `workdir`."""
+  import psutil
+
+  for p in psutil.process_iter(["cmdline"]):
+    cmd = p.info["cmdline"] or []
+    if cmd[1:3] == ["-m", "nsl.launch"] and f"--workdir={workdir}" in cmd and f"--process_id={process_id}" in cmd:
+      return p
+  return None
+
+
+def test_a_killed_host_is_rescheduled_and_resumes_to_the_same_bits(uninterrupted, cluster, data, tmp_path):
+  root = tmp_path / "root"
+  cmd = grid_run(write_grid(data, "one.py", [0]), root, cluster)
+  runner = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, XLA_FLAGS=SUBPROCESS_XLA_FLAGS),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+  try:
+    deadline, victim = time.time() + 120, None
+    while victim is None and time.time() < deadline:
+      assert runner.poll() is None, runner.stdout.read()[-3000:]
+      workdir = next((d for d in cell_dirs(root) if (d / "checkpoints").is_dir()), None)
+      saved = [n for n in os.listdir(workdir / "checkpoints") if n.isdigit()] if workdir else []  # not *-tmp
+      victim = trainer(str(workdir), 1) if saved else None
+      time.sleep(0.05)
+    assert victim is not None, "no checkpoint in time"
+    code = victim.cwd()  # the runner's code as Ray shipped it, not this checkout
+    victim.send_signal(signal.SIGKILL)
+    out = runner.communicate(timeout=240)[0]
+  finally:
+    if runner.poll() is None:
+      os.killpg(runner.pid, signal.SIGKILL)
+      runner.wait()
+  assert runner.returncode == 0, out[-3000:]
+  assert code != ROOT and os.path.isfile(os.path.join(code, "nsl", "launch.py")), code
+  status = json.loads((workdir / "status.json").read_text())
+  assert status["status"] == "done" and status["attempts"] == 2 and status["failures"] == 1, status
+  assert re.search(r"failed seed0-\S+ \(exit \d+\).*retrying from its last checkpoint", out), out[-3000:]
+  logs = "".join(p.read_text() for p in (workdir / "logs").glob("*-host0.log"))
+  resumed = [int(s) for s in re.findall(r"resumed from \S+/checkpoints/(\d+)", logs)]
+  assert resumed and 0 < resumed[-1] < STEPS, logs[-3000:]  # the kill landed mid-run
+  reference = {json.loads((d / "cell.json").read_text())["config_hash"]: d for d in cell_dirs(uninterrupted)}
+  same = reference[json.loads((workdir / "cell.json").read_text())["config_hash"]]
+  digest = lambda d: json.loads((d / "result.json").read_text())["state_sha256"]
+  assert digest(workdir) == digest(same) is not None
