@@ -45,8 +45,8 @@ from typing import Any
 from nsl import storage
 from nsl.errors import ConfigError, NslError
 from nsl.scaling import code
+from nsl.scaling.runner import LOST  # the cell's node or job went away: rescheduled, not a failure
 
-LOST = 75  # nsl.scaling.runner.LOST: the cell's node or job went away; rescheduled, not a failure
 RUNNING = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING",
            "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
 # Ends that Slurm may still undo by requeueing the job (--requeue): final only once they last.
@@ -163,7 +163,8 @@ exec {py} -m nsl.scaling.task --workdir={shlex.quote(workdir)} --name="$name" --
 
   def batch_script(self, cell, workdir: str, code_uri: str) -> str:
     nodes, tasks, per_node = self.layout(cell)
-    options = [f"--job-name=nsl-{cell.run_id}"[:120], f"--nodes={nodes}", f"--ntasks={tasks}",
+    comment = f'"{workdir}"' if " " in workdir else workdir  # names the workdir: a new runner adopts the job
+    options = [f"--job-name={job_name(cell)}", f"--comment={comment}", f"--nodes={nodes}", f"--ntasks={tasks}",
                f"--ntasks-per-node={per_node}", "--requeue", f"--signal=TERM@{self.signal_seconds}",
                "--output=/tmp/nsl-slurm-%j.out", "--open-mode=append", "--chdir=/tmp"]
     options += [f"--partition={self.partition}"] * bool(self.partition)
@@ -183,19 +184,32 @@ exec {py} -m nsl.scaling.task --workdir={shlex.quote(workdir)} --name="$name" --
             + 'until wait "$pid"; rc=$?; ! kill -0 "$pid" 2>/dev/null; do :; done\nexit "$rc"\n')
 
   def start(self, cell, workdir: str, slot: int) -> SlurmJob:
-    if self.code_uri is None:
-      self.code_uri = code.pack(self.root)
-    env = dict(os.environ)
-    env.update(_compile_cache_env(self.compile_cache))
-    # sbatch exports this environment to the job (STORAGE_EMULATOR_HOST, JAX's cache, ...)
-    proc = _slurm("sbatch", "--parsable", input=self.batch_script(cell, workdir, self.code_uri), env=env)
-    if proc.returncode != 0:
-      raise NslError(f"sbatch refused cell {cell.run_id}: {_one_line(proc)}")
-    job_id = proc.stdout.strip().split(";")[0]
+    """Submits the cell's job, or adopts the one a runner that died left queued or running for
+    this workdir (a second job would only wait for the first's lock)."""
     nodes, tasks, _ = self.layout(cell)
+    job_id = self.live_job(cell, workdir)
+    if job_id is None:
+      if self.code_uri is None:
+        self.code_uri = code.pack(self.root)
+      # sbatch exports this environment to the job (STORAGE_EMULATOR_HOST, JAX's cache, ...)
+      env = dict(os.environ, **_compile_cache_env(self.compile_cache))
+      proc = _slurm("sbatch", "--parsable", input=self.batch_script(cell, workdir, self.code_uri), env=env)
+      if proc.returncode != 0:
+        error = ConfigError if "invalid" in _one_line(proc).lower() else NslError  # a partition, account, option
+        raise error(f"sbatch refused cell {cell.run_id}: {_one_line(proc)}")
+      job_id = proc.stdout.strip().split(";")[0]
     job = SlurmJob(job_id, cell.run_id, workdir, nodes, tasks, self.code_uri)
     self.jobs[job_id] = job
     return job
+
+  def live_job(self, cell, workdir: str) -> str | None:
+    """The id of a queued or running job of this cell (its name and `--comment` the workdir)."""
+    proc = _slurm("squeue", "-h", "-n", job_name(cell), "-o", "%i|%k")
+    for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
+      job_id, _, comment = line.partition("|")
+      if comment.strip() == workdir:
+        return job_id.strip()
+    return None
 
   # -- its state --------------------------------------------------------------------------------
   def poll(self, job: SlurmJob) -> int | None:
@@ -293,6 +307,10 @@ exec {py} -m nsl.scaling.task --workdir={shlex.quote(workdir)} --name="$name" --
     if live:
       _slurm("scancel", *live)
     self.jobs.clear()
+
+
+def job_name(cell) -> str:
+  return f"nsl-{cell.run_id}"[:120]
 
 
 def exit_status(state: str, exit_code: str) -> int:
