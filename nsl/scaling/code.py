@@ -49,7 +49,8 @@ def files(source: str) -> list[str]:
                          check=True).stdout.decode()
     names = {n for n in out.split("\0") if n}
     # listed but not a file here: deleted in the work tree, or a submodule's directory
-    return sorted(n for n in names if os.path.isfile(os.path.join(source, n)) or os.path.islink(os.path.join(source, n)))
+    present = lambda n: os.path.isfile(os.path.join(source, n)) or os.path.islink(os.path.join(source, n))
+    return sorted(filter(present, names))
   package = os.path.join(source, "nsl")
   if not os.path.isdir(package):
     raise NslError(f"cannot ship the code: {source} is neither a git checkout nor holds the nsl package")

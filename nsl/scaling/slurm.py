@@ -106,7 +106,8 @@ class SlurmBackend:
   @classmethod
   def add_arguments(cls, parser) -> None:
     add = parser.add_argument
-    add("--slurm_partition", default="", help="slurm backend: the partition (sbatch --partition); default the cluster's")
+    add("--slurm_partition", default="",
+        help="slurm backend: the partition (sbatch --partition); default the cluster's")
     add("--slurm_account", default="", help="slurm backend: the account to charge (sbatch --account)")
     add("--slurm_time", default="", help="slurm backend: each job's time limit (sbatch --time, e.g. 24:00:00)")
     add("--slurm_gpus_per_node", type=int, default=0, help="slurm backend: GPUs per node (sbatch --gpus-per-node)")

@@ -21,6 +21,7 @@ The fixture is `slurm` (session scope, import it into a test module).
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import socket
@@ -188,7 +189,9 @@ class SlurmCluster:
   def stop(self) -> None:
     env = dict(os.environ, **self.env())
     if self.procs.get("slurmctld") is not None and self.procs["slurmctld"].poll() is None:
-      _run("scancel", "--full", *self.jobs(), env=env, timeout=10) if self.jobs() else None
+      left = self.jobs()
+      if left:  # a failed test's jobs: their processes would outlive slurmd
+        _run("scancel", *left, env=env, timeout=10)
     for name in ("slurmd", "slurmctld"):
       proc = self.procs.pop(name, None)
       if proc is not None and proc.poll() is None:
@@ -200,7 +203,8 @@ class SlurmCluster:
           proc.wait()
     if "munged" in self.procs:
       del self.procs["munged"]
-      _run("munged", "--stop", timeout=20) if _has_stop_flag() else None
+      if _has_stop_flag():
+        _run("munged", "--stop", timeout=20)
     shutil.rmtree(self.scratch, ignore_errors=True)
 
 
@@ -218,8 +222,14 @@ def slurm():
     pytest.skip(f"no Slurm: {e}")
   saved = os.environ.get("SLURM_CONF")
   os.environ.update(cluster.env())
+  # what the jobs leave on the node: the unpacked code (nsl.scaling.slurm), sbatch's own output
+  left = lambda: set(glob.glob(os.path.join(os.environ.get("TMPDIR", "/tmp"), "nsl-code", "*"))
+                     + glob.glob("/tmp/nsl-slurm-*.out"))
+  before = left()
   try:
     yield cluster
   finally:
     cluster.stop()
     os.environ.pop("SLURM_CONF", None) if saved is None else os.environ.__setitem__("SLURM_CONF", saved)
+    for path in left() - before:
+      shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)

@@ -28,6 +28,8 @@ from tests.cluster.slurm import slurm  # noqa: F401 (the session's Slurm fixture
 from tests.helpers import ROOT, SUBPROCESS_XLA_FLAGS
 from tests.storage.emulator import Emulator
 
+pytestmark = pytest.mark.slow  # end to end: training runs under a real Slurm, tens of seconds each
+
 STEPS = 40  # the requeued cell's; its checkpoints every 5 steps
 OVERRIDES = {
     "data.path": "data/sotu-byte", "data.sources": ("sotu",), "data.tokenizer": "byte", "model.vocab_size": 257,
@@ -93,12 +95,12 @@ def trainer_pids(workdir: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def bucket():
+def bucket(tmp_path_factory):
   """The emulator with a bucket `bucket`; this process's environment points at it meanwhile."""
   saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "NSL_CACHE_DIR")}
   with Emulator() as emu:
     emu.make_bucket("bucket")
-    os.environ.update(emu.env(), NSL_CACHE_DIR=os.path.join(os.environ.get("TMPDIR", "/tmp"), f"nsl-cache-{os.getpid()}"))
+    os.environ.update(emu.env(), NSL_CACHE_DIR=str(tmp_path_factory.mktemp("cache")))
     storage.configure()
     try:
       yield emu
@@ -110,7 +112,8 @@ def bucket():
 @pytest.fixture(scope="module")
 def finished_grid(slurm, bucket, tmp_path_factory):
   """The two-cell grid run to the end with its root in the bucket: (root, cells by hosts)."""
-  path = grid_file(tmp_path_factory.mktemp("grid"), "tiny_slurm", [{"train.steps": STEPS}, {"train.steps": 15, "hosts": 2}])
+  cells = [{"train.steps": STEPS}, {"train.steps": 15, "hosts": 2}]
+  path = grid_file(tmp_path_factory.mktemp("grid"), "tiny_slurm", cells)
   root = "gs://bucket/slurm_grid"
   t0 = time.time()
   proc = run_slurm(path, root, "--parallel=2", "--slurm_tasks_per_node=2")
@@ -156,8 +159,8 @@ def test_a_cell_requeued_mid_run_finishes_from_its_checkpoint_to_the_same_state(
   try:
     def first_checkpoint():
       """the cell's first checkpoint"""
-      names = os.listdir(os.path.join(workdir, "checkpoints")) if os.path.isdir(os.path.join(workdir, "checkpoints")) else []
-      return any(n.isdigit() for n in names) and trainer_pids(workdir)
+      ckpt = os.path.join(workdir, "checkpoints")
+      return os.path.isdir(ckpt) and any(n.isdigit() for n in os.listdir(ckpt)) and trainer_pids(workdir)
     pids = wait_for(first_checkpoint, 80, proc=runner)
     # Hold the trainer where it is while Slurm requeues its job, so the test cannot lose the race
     # with its last steps; Slurm's own SIGCONT + SIGTERM then ends it with a checkpoint.
@@ -219,14 +222,17 @@ def test_the_job_a_multi_node_gpu_cell_gets_and_how_its_end_is_read():
   """No cluster needed: the batch script of a 4-host cell on 8-GPU nodes, and job ends -> statuses."""
   backend = slurm_backend.SlurmBackend("/grid", partition="h100", time_limit="4:00:00", gpus_per_node=8,
                                        signal_seconds=300, extra=("--exclusive",), python="/opt/py/bin/python")
-  cell = types.SimpleNamespace(run_id="xl-abc", hosts=4, launch_args=lambda w: ["--config=configs/sps.py:xl", f"--workdir={w}"])
+  cell = types.SimpleNamespace(run_id="xl-abc", hosts=4,
+                               launch_args=lambda w: ["--config=configs/sps.py:xl", f"--workdir={w}"])
   script = backend.batch_script(cell, "gs://b/g/xl-abc", "gs://b/g/.code/0123456789abcdef.tar.gz")
   options = [line.split(" ", 1)[1] for line in script.splitlines() if line.startswith("#SBATCH ")]
-  assert options == ["--job-name=nsl-xl-abc", "--comment=gs://b/g/xl-abc", "--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "--requeue",
-                     "--signal=TERM@300", "--output=/tmp/nsl-slurm-%j.out", "--open-mode=append", "--chdir=/tmp",
-                     "--partition=h100", "--time=4:00:00", "--gpus-per-node=8", "--exclusive"]
+  assert options == ["--job-name=nsl-xl-abc", "--comment=gs://b/g/xl-abc", "--nodes=4", "--ntasks=4",
+                     "--ntasks-per-node=1", "--requeue", "--signal=TERM@300", "--output=/tmp/nsl-slurm-%j.out",
+                     "--open-mode=append", "--chdir=/tmp", "--partition=h100", "--time=4:00:00",
+                     "--gpus-per-node=8", "--exclusive"]
   assert "export JAX_LOCAL_DEVICE_IDS=0,1,2,3,4,5,6,7\n" in script  # all 8 GPUs in the node's one task
-  assert "--distributed=auto" in script and "/opt/py/bin/python -m nsl.scaling.task --workdir=gs://b/g/xl-abc" in script
+  assert "--distributed=auto" in script
+  assert "/opt/py/bin/python -m nsl.scaling.task --workdir=gs://b/g/xl-abc" in script
   assert backend.layout(types.SimpleNamespace(hosts=4)) == (4, 4, 1)
   assert slurm_backend.SlurmBackend("/grid", tasks_per_node=2).layout(types.SimpleNamespace(hosts=3)) == (2, 3, 2)
   ends = {("COMPLETED", "0:0"): 0, ("COMPLETED", "2:0"): 2, ("FAILED", "2:0"): 2, ("FAILED", "1:0"): 1,
