@@ -52,6 +52,12 @@ class Family:
     self.model = self.make_model()
 
   @classmethod
+  def create(cls, config) -> "Family":
+    """The family object of a validated config: `cls(config)`, or, for a variant that is another
+    family (SPS's `standard`), that family's (`nsl.models.registry.get_family` calls this)."""
+    return cls(config)
+
+  @classmethod
   def validate(cls, config) -> None:
     """Checks `config.model.variant`. A subclass checks its own options and calls
     `super().validate(config)` first, so each class's checks run exactly once."""

@@ -27,4 +27,4 @@ def get_family_class(name: str):
 
 def get_family(config):
   """The Family object for a (validated) config."""
-  return get_family_class(config.family)(config)
+  return get_family_class(config.family).create(config)

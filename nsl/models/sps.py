@@ -16,7 +16,8 @@ j = 0 for x and 1 for ρ; causality reads it), `segment` = the document id of to
   twox_memory     persistent   persistent   ρ  (SPS with w ≥ T: every ρ stays)
   delayed_state   temporary    persistent   ρ
   reverse_sps     temporary    persistent   x  (x_i predicts x_{i+1})
-  standard        the plain causal transformer over T tokens (`transformer.LM`), logits everywhere
+  standard        an alias: the standard family (`transformer.StandardFamily`, no window), so
+                  a grid crosses it with the SPS variants; this module holds only what SPS adds
 
 The rule is `masks.Rule(causal=True, same_segment=True, window=w)`: persistent keys are always
 visible, temporary keys iff `tok(q) - tok(k) <= w` (`config.model.window`). Because the rule
@@ -27,7 +28,7 @@ of the key space is a band that the chunked/kernel paths skip tile by tile.
 Window conventions (checked by `SPSFamily.validate`): sps, delayed_state and reverse_sps need
 an integer w ≥ 0; twox_memory takes `window=None` (or any w ≥ seq_len, which is the same mask);
 for `standard` the window has no effect — it has no temporary keys — so a window grid can cross
-it with every w (use family "standard" for a sliding-window baseline).
+it with every w (use family "standard" for a sliding-window baseline; `SPSFamily.create`).
 """
 
 from __future__ import annotations
@@ -41,12 +42,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from nsl.errors import ConfigError
-from nsl.models import transformer
 from nsl.nn import attention, layers, masks
 from nsl.models.family import NextTokenFamily, train_flops_per_token
 
 VARIANTS = ("sps", "twox_memory", "delayed_state", "reverse_sps", "standard")
 SLOT_VARIANTS = VARIANTS[:4]
+# Variants that are another family: `SPSFamily.create` builds it from the config (`alias_config`).
+ALIASES = {"standard": "standard"}
 LAYOUTS = masks.ORDERS  # physical slot orders, `masks.Layout.grouped`
 # Default physical layout when `config.model.layout` is absent, measured on CPU (2 cores, 4 layers,
 # d 256, 4 heads, batch 8, w 64, docs/papers/sps.md#layout). With the CPU attention kernel
@@ -89,28 +91,20 @@ SPECS: dict[str, VariantSpec] = {
 
 
 def _check_variant(variant: str) -> None:
-  if variant not in VARIANTS:
-    raise ValueError(f"unknown SPS variant {variant!r}; choose one of {VARIANTS}")
+  if variant not in SLOT_VARIANTS:
+    raise ValueError(f"unknown SPS slot variant {variant!r}; choose one of {SLOT_VARIANTS}")
 
 
 def slot_layout(variant: str, num_tokens: int, layout: str = "interleaved") -> masks.Layout:
-  """Static per-slot metadata (pos, tok, kind) of 2T slots in the physical `layout` order
-  (T slots, all persistent, for `standard`): the (x_i, ρ_i) groups of `masks.Layout.grouped`
-  with the variant's kinds."""
+  """Static per-slot metadata (pos, tok, kind) of 2T slots in the physical `layout` order: the
+  (x_i, ρ_i) groups of `masks.Layout.grouped` with the variant's kinds."""
   _check_variant(variant)
-  if variant == "standard":
-    return masks.Layout.causal(num_tokens)
   return masks.Layout.grouped(SPECS[variant].kinds, num_tokens, layout)
 
 
 def slot_rule(variant: str, window: int | None, persistent_window: int | None = None) -> masks.Rule:
-  """The attention rule of a variant: causal over slots, same document, windowed temporary keys.
-
-  `standard` has no temporary keys, so `window` does not affect it (its rule carries none).
-  """
+  """The attention rule of a variant: causal over slots, same document, windowed temporary keys."""
   _check_variant(variant)
-  if variant == "standard":
-    return masks.Rule(causal=True, same_segment=True, persistent_window=persistent_window)
   return masks.Rule(causal=True, same_segment=True, window=window, persistent_window=persistent_window)
 
 
@@ -124,14 +118,14 @@ def slot_mask(variant: str, num_tokens: int, window: int | None, doc_ids=None,
               persistent_window: int | None = None) -> np.ndarray:
   """Boolean visibility [2T, 2T] in interleaved slot order (x1, ρ1, x2, ρ2, …): rows = query
   slots, columns = key slots. `doc_ids` [T] gives each token's (pair's) document (default one
-  document); `window` None = unbounded. `standard` returns its [T, T] token mask."""
+  document); `window` None = unbounded."""
   _check_variant(variant)
   _check_window(variant, num_tokens, window)
   lay = slot_layout(variant, num_tokens, "interleaved")
   docs = np.ones(num_tokens, np.int32) if doc_ids is None else np.asarray(doc_ids, np.int32)
   if docs.shape != (num_tokens,):
     raise ValueError(f"doc_ids must have shape ({num_tokens},), got {docs.shape}")
-  segment = docs if variant == "standard" else np.repeat(docs, 2)
+  segment = np.repeat(docs, 2)
   rule = slot_rule(variant, window, persistent_window)
   mask = masks.dense_mask(rule, lay, lay, {"segment": segment}, {"segment": segment})
   return np.broadcast_to(mask, (lay.num_slots, lay.num_slots)).copy()
@@ -232,9 +226,18 @@ class SPSFamily(NextTokenFamily):
   def layout_name(self) -> str:
     return layout_of(self.config)
 
+  @classmethod
+  def create(cls, config):
+    """`Family.create`: the `standard` variant is the standard family (`ALIASES`, `alias_config`)."""
+    if config.model.variant in ALIASES:
+      from nsl.models import registry
+
+      return registry.get_family(alias_config(config))
+    return cls(config)
+
   @property
   def window(self) -> int | None:
-    return None if self.variant in ("twox_memory", "standard") else self.config.model.window
+    return None if self.variant == "twox_memory" else self.config.model.window
 
   @property
   def rule(self) -> masks.Rule:
@@ -242,15 +245,17 @@ class SPSFamily(NextTokenFamily):
 
   @property
   def predict_token_id(self) -> int | None:
-    """The embedding row that is ρ, or None (standard variant, or a separate ρ vector)."""
-    if self.variant == "standard":
-      return None
+    """The embedding row that is ρ, or None (a separate ρ vector)."""
     return predict_token_id_of(self.config)
 
   @classmethod
   def validate(cls, config) -> None:
     super().validate(config)
     m = config.model
+    if m.variant in ALIASES:
+      from nsl.models import registry
+
+      return registry.get_family_class(ALIASES[m.variant]).validate(alias_config(config))
     layout = layout_of(config)
     if layout not in LAYOUTS:
       raise ConfigError(f"config.model.layout={layout!r} must be one of {LAYOUTS}")
@@ -268,7 +273,7 @@ class SPSFamily(NextTokenFamily):
     if kind == "separate" and rid is not None:
       raise ConfigError(f"config.model.predict_token_id={rid} has no effect with "
                         "config.model.predict_embedding='separate' (ρ is its own vector): unset one of them")
-    if kind == "tied" and m.variant != "standard":
+    if kind == "tied":
       vocab = tokenizer_vocab(config)
       rid = predict_token_id_of(config)
       if not vocab <= rid < m.vocab_size:
@@ -280,9 +285,7 @@ class SPSFamily(NextTokenFamily):
 
   def slot_plan(self):
     """The decoder's token groups (docs/papers/sps.md#kv-cache): the variant's slot kinds and read-out slot
-    (`SPECS`) in its prefill layout, ρ from `predict_vector`; `standard` is one slot per token."""
-    if self.variant == "standard":
-      return super().slot_plan()
+    (`SPECS`) in its prefill layout, ρ from `predict_vector`."""
     from nsl import decode
 
     spec = SPECS[self.variant]
@@ -290,12 +293,10 @@ class SPSFamily(NextTokenFamily):
                            predict=predict_vector, predict_token_id=self.predict_token_id)
 
   def make_model(self) -> nn.Module:
-    if self.variant == "standard":
-      return transformer.LM(self.dims, self.rule)
     return SPSLM(self.dims, self.rule, self.variant, self.layout_name, self.predict_token_id)
 
   def layout(self, num_tokens: int) -> masks.Layout:
-    """The 2T slots of the variant in `config.model.layout` order (T tokens for `standard`)."""
+    """The 2T slots of the variant in `config.model.layout` order."""
     return slot_layout(self.variant, num_tokens, self.layout_name)
 
   def init(self, rng) -> Any:
@@ -309,7 +310,7 @@ class SPSFamily(NextTokenFamily):
   def abstract_params(self):
     """Parameter shapes depend only on the dimensions and on whether a separate ρ vector exists:
     shared by all SPS variants of a size (describe over a ladder traces each size once)."""
-    return _abstract_params(self.dims, self.variant == "standard" or self.predict_token_id is not None, self)
+    return _abstract_params(self.dims, self.predict_token_id is not None, self)
 
   def flops_per_token(self) -> float:
     """Every slot pays the trunk matmuls, only read-out slots pay the head (tied embedding);
@@ -332,6 +333,18 @@ def _abstract_params(dims: layers.Dims, no_separate_rho: bool, family: "SPSFamil
   if key not in _ABSTRACT:
     _ABSTRACT[key] = jax.eval_shape(family.init, jax.random.PRNGKey(0))
   return _ABSTRACT[key]
+
+
+def alias_config(config):
+  """The config of the family an aliased variant is (`ALIASES`): the standard family, whose
+  `model.window` would be a sliding window over every key, so None (SPS's standard variant has
+  no temporary keys for the window to bound)."""
+  import copy
+
+  c = copy.deepcopy(config)
+  c.family = ALIASES[config.model.variant]
+  c.model.window = None
+  return c
 
 
 def layout_of(config) -> str:

@@ -81,8 +81,8 @@ def test_slot_mask_spot_checks_from_the_text():
   assert d[r(6), r(0)] and not d[r(6), x(4)] and d[r(6), x(5)]  # ρ persistent, x windowed
   two_docs = sps.slot_mask("sps", 8, 7, doc_ids=[1, 1, 1, 2, 2, 2, 2, 2])
   assert not two_docs[r(3), x(2)] and two_docs[r(3), x(3)] and two_docs[x(3), x(3)]
-  std = sps.slot_mask("standard", 5, None, doc_ids=[1, 1, 2, 2, 2])
-  np.testing.assert_array_equal(std, np.tril(np.ones((5, 5), bool)) & np.equal.outer([1, 1, 2, 2, 2], [1, 1, 2, 2, 2]))
+  with pytest.raises(ValueError, match="slot variant"):  # the standard variant is a family, not a slot layout
+    sps.slot_mask("standard", 5, None)
 
 
 def test_layouts_carry_the_same_metadata():
@@ -205,7 +205,7 @@ def test_predict_token_id_defaults_past_the_tokenizer():
   c = nsl_config.load_config(os.path.join(ROOT, "configs/sps.py:sps_xs"))  # GPT-2: the authors' id
   assert sps.predict_token_id_of(c) == 50257 and registry.get_family(c).predict_token_id == 50257
   std = registry.get_family(_config("standard", None, **{"model.vocab_size": 257}))
-  assert std.predict_token_id is None  # the standard variant has no ρ and needs no free row
+  assert type(std) is StandardFamily  # the standard variant is the standard family: no ρ, no free row
   nsl_config.validate(_config("standard", None, **{"model.vocab_size": 257}))
 
 
@@ -231,6 +231,7 @@ def test_read_out_is_causal_and_stays_in_its_document(variant):
 def test_standard_variant_is_the_plain_trunk():
   std = StandardFamily(_config("standard", None, **{"family": "standard"}))
   fam = registry.get_family(_config("standard", 64))  # the window does not apply: no temporary keys
+  assert type(fam) is StandardFamily and fam.rule == std.rule  # an alias of the family, not a window
   params = _init(_config("standard", None, **{"family": "standard"}))
   batch = _batch()
   assert jax.tree.structure(params) == jax.tree.structure(nn.unbox(jax.eval_shape(fam.init, jax.random.PRNGKey(0))))
