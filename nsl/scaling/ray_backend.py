@@ -35,6 +35,7 @@ slice) -> `runner.LOST`, which the runner reschedules, the cell resuming from it
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
@@ -151,14 +152,6 @@ class HostActor:
         return False
       return True
 
-  def trainer_pids(self) -> list[int]:
-    """The task's children (the trainer), for describe() and the tests."""
-    try:
-      with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
-        return [int(p) for p in f.read().split()]
-    except (AttributeError, OSError):
-      return []
-
 
 # -- the backend ----------------------------------------------------------------------------------
 class Gang:
@@ -174,7 +167,9 @@ class Gang:
 
 
 class RayBackend:
-  """Grid cells as gangs of actors on a Ray cluster's TPU slices or node groups (module docstring)."""
+  """Grid cells as gangs of actors on a Ray cluster's TPU slices or node groups (module docstring).
+  It connects to the cluster itself, shipping the runner's code with the job; where the caller has
+  already called `ray.init`, the job (and the code its workers run) is the caller's."""
 
   name = "ray"
 
@@ -188,12 +183,12 @@ class RayBackend:
     self.started_ray = not ray.is_initialized()
     if self.started_ray:  # the job ships the code (Ray takes a local working_dir at the job level only)
       if address == "local":  # a one-node cluster here: one one-host slice of type "local"
-        ray.init(resources={head_resource("local"): 1}, include_dashboard=False, log_to_driver=False,
-                 runtime_env=runtime_env())
+        ray.init(resources={head_resource("local"): 1, "local": 1}, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.WARNING, runtime_env=runtime_env())
         self.default_slice = self.default_slice or "local"
       else:
         try:
-          ray.init(address=address, log_to_driver=False, runtime_env=runtime_env())
+          ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, runtime_env=runtime_env())
         except (ConnectionError, RuntimeError, ValueError) as e:
           raise NslError(f"--ray_address={address}: no Ray cluster there ({' '.join(str(e).split())[:200]})") from e
     options = dict(num_cpus=self.host_resources.get("CPU", 0), num_gpus=self.host_resources.get("GPU", 0),
@@ -248,10 +243,14 @@ class RayBackend:
 
   def poll(self, gang: Gang) -> int | None:
     if gang.rc is None:
+      errors = self.ray.exceptions
       try:
         self._advance(gang)
-      except self.ray.exceptions.RayActorError as e:  # dead actor, dead node: a lost (preempted) host
+      except (errors.RayActorError, errors.NodeDiedError, errors.WorkerCrashedError,
+              errors.ActorPlacementGroupRemoved) as e:  # a dead actor or node: a lost (preempted) host
         self._end(gang, LOST, f"a host of slice {gang.slice or '?'} was lost ({type(e).__name__})")
+      except errors.RayError as e:  # the actor's own code failed (the task would not start)
+        self._end(gang, 1, f"{type(e).__name__}: {' '.join(str(e).split())[-300:]}")
     return gang.rc
 
   def terminate(self, gang: Gang) -> None:

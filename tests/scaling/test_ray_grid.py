@@ -3,7 +3,10 @@
 Four raylets stand for two slices of type "cpu2" with two hosts each, named as Ray names a Cloud TPU
 slice's hosts: TPU-cpu2-head on host 0 of each, and the slice's own name ("slice-a", "slice-b") on
 every host of it. The cells are configs/tiny.py with 2 processes each (one CPU device per process,
-gloo collectives), run through the grid CLI as a user would.
+gloo collectives), run through the grid CLI as a user would. The cluster is `ray.cluster_utils.
+Cluster` (four raylets in about 11 s on 2 cores, 22-26 s with the cores shared with other jobs):
+`ray start --address` for a second node on one host collides with the first on the dashboard
+agent's fixed port, so the CLI cannot build it here.
 """
 
 import json
@@ -55,14 +58,15 @@ def data(tmp_path_factory):
   return d, corpus, os.path.join(os.path.dirname(corpus), "text", "*.txt")
 
 
-def write_grid(data, name: str, seeds: list[int]) -> str:
+def write_grid(data, name: str, seeds: list[int], slice_type: str = "cpu2") -> str:
   d, corpus, text = data
   path = d / name
   path.write_text(textwrap.dedent(f"""
       def get_grid():
         return {{"base": "configs/tiny.py",
-                "overrides": {{"hosts": 2, "slice": "cpu2", "data.path": {corpus!r}, "data.sources": ({text!r},),
-                              "data.tokenizer": "byte", "data.val_fraction": 0.2, "model.vocab_size": 257,
+                "overrides": {{"hosts": 2, "slice": {slice_type!r}, "data.path": {corpus!r},
+                              "data.sources": ({text!r},), "data.tokenizer": "byte", "data.val_fraction": 0.2,
+                              "model.vocab_size": 257,
                               "model.d_model": 32, "model.n_layers": 2, "model.n_heads": 2, "model.d_ff": 96,
                               "data.seq_len": 64, "train.batch_size": 8, "train.warmup_steps": 1,
                               "train.decay_steps": 1, "train.steps": {STEPS}, "train.log_every": {EVERY},
@@ -121,36 +125,88 @@ def trainer(workdir: str, process_id: int):
   return None
 
 
+def wait_for(what, runner, timeout: float = 120):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    assert runner.poll() is None, runner.stdout.read()[-3000:]
+    found = what()
+    if found:
+      return found
+    time.sleep(0.05)
+  raise AssertionError(f"timed out waiting for {what.__doc__}")
+
+
+def checkpoints(workdir) -> list[int]:
+  """the completed checkpoints (not their *-tmp directories)"""
+  d = workdir / "checkpoints"
+  return sorted(int(n) for n in os.listdir(d) if n.isdigit()) if d.is_dir() else []
+
+
+def host_logs(workdir) -> str:
+  return "".join(p.read_text() for p in sorted((workdir / "logs").glob("*-host0.log")))
+
+
+def start_runner(cmd: list[str]) -> subprocess.Popen:
+  return subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, XLA_FLAGS=SUBPROCESS_XLA_FLAGS), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def stop(runner: subprocess.Popen) -> None:
+  if runner.poll() is None:
+    os.killpg(runner.pid, signal.SIGKILL)
+    runner.wait()
+
+
 def test_a_killed_host_is_rescheduled_and_resumes_to_the_same_bits(uninterrupted, cluster, data, tmp_path):
+  """SIGKILL to one host's trainer after a checkpoint: the cell fails, is rescheduled, resumes from
+  that checkpoint and ends with the uninterrupted run's state digest."""
   root = tmp_path / "root"
-  cmd = grid_run(write_grid(data, "one.py", [0]), root, cluster)
-  runner = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, XLA_FLAGS=SUBPROCESS_XLA_FLAGS),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+  runner = start_runner(grid_run(write_grid(data, "one.py", [0]), root, cluster))
   try:
-    deadline, victim = time.time() + 120, None
-    while victim is None and time.time() < deadline:
-      assert runner.poll() is None, runner.stdout.read()[-3000:]
-      workdir = next((d for d in cell_dirs(root) if (d / "checkpoints").is_dir()), None)
-      saved = [n for n in os.listdir(workdir / "checkpoints") if n.isdigit()] if workdir else []  # not *-tmp
-      victim = trainer(str(workdir), 1) if saved else None
-      time.sleep(0.05)
-    assert victim is not None, "no checkpoint in time"
+    workdir = wait_for(lambda: next((d for d in cell_dirs(root) if checkpoints(d)), None), runner)
+    victim = wait_for(lambda: trainer(str(workdir), 1), runner)
     code = victim.cwd()  # the runner's code as Ray shipped it, not this checkout
     victim.send_signal(signal.SIGKILL)
-    out = runner.communicate(timeout=240)[0]
+    out = runner.communicate(timeout=180)[0]
   finally:
-    if runner.poll() is None:
-      os.killpg(runner.pid, signal.SIGKILL)
-      runner.wait()
+    stop(runner)
   assert runner.returncode == 0, out[-3000:]
   assert code != ROOT and os.path.isfile(os.path.join(code, "nsl", "launch.py")), code
+  assert re.search(r"failed seed0-\S+ \(exit \d+\).*retrying from its last checkpoint", out), out[-3000:]
+  resumed = re.findall(r"resumed from \S+/checkpoints/(\d+)", host_logs(workdir))
+  assert resumed and 0 < int(resumed[0]) < STEPS, host_logs(workdir)[-3000:]  # the kill landed mid-run
   status = json.loads((workdir / "status.json").read_text())
   assert status["status"] == "done" and status["attempts"] == 2 and status["failures"] == 1, status
-  assert re.search(r"failed seed0-\S+ \(exit \d+\).*retrying from its last checkpoint", out), out[-3000:]
-  logs = "".join(p.read_text() for p in (workdir / "logs").glob("*-host0.log"))
-  resumed = [int(s) for s in re.findall(r"resumed from \S+/checkpoints/(\d+)", logs)]
-  assert resumed and 0 < resumed[-1] < STEPS, logs[-3000:]  # the kill landed mid-run
   reference = {json.loads((d / "cell.json").read_text())["config_hash"]: d for d in cell_dirs(uninterrupted)}
   same = reference[json.loads((workdir / "cell.json").read_text())["config_hash"]]
   digest = lambda d: json.loads((d / "result.json").read_text())["state_sha256"]
   assert digest(workdir) == digest(same) is not None
+
+
+def test_a_stopped_runner_makes_every_host_checkpoint_and_exit(cluster, data, tmp_path):
+  root = tmp_path / "root"
+  runner = start_runner(grid_run(write_grid(data, "one.py", [0]), root, cluster))
+  try:
+    workdir = wait_for(lambda: next((d for d in cell_dirs(root) if checkpoints(d)), None), runner)
+    hosts = [wait_for(lambda: trainer(str(workdir), i), runner) for i in (0, 1)]
+    runner.send_signal(signal.SIGTERM)
+    out = runner.communicate(timeout=120)[0]
+  finally:
+    stop(runner)
+  assert runner.returncode == 1 and "stopping: SIGTERM to 1 run(s)" in out, out[-3000:]
+  stopped = json.loads((workdir / "result.json").read_text())
+  assert stopped["status"] == "preempted" and 0 < stopped["steps"] < STEPS, (stopped, out[-2000:])
+  assert stopped["steps"] in checkpoints(workdir)  # it saved where it stopped
+  assert not any(h.is_running() for h in hosts)  # both hosts' trainers exited
+  status = json.loads((workdir / "status.json").read_text())
+  assert status["status"] == "pending" and status["attempts"] == 1 and not status.get("failures"), status
+
+
+def test_a_slice_type_the_cluster_lacks_fails_the_cell_once_with_the_reason(cluster, data, tmp_path):
+  root = tmp_path / "root"
+  proc = run_cli(*grid_run(write_grid(data, "cpu4.py", [0], "cpu4"), root, cluster)[1:], timeout=120)
+  assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
+  (workdir,) = cell_dirs(root)
+  status = json.loads((workdir / "status.json").read_text())
+  assert status["status"] == "failed" and status["attempts"] == 1 and status["returncode"] == 2, status
+  assert "TPU-cpu4-head" in status["error"], status["error"]
