@@ -5,8 +5,9 @@ A cell of `hosts` processes is one batch job of ceil(hosts / --slurm_tasks_per_n
 task). Each task fetches the runner's code (`nsl.scaling.code`: ROOT/.code/<hash>.tar.gz, the
 only thing besides the cell's workdir that the runner and the nodes share, and that may be a
 bucket) into node-local scratch (`$TMPDIR` or /tmp, nsl-code/<hash>), and runs the cell from there
-with `--slurm_python` through `nsl.scaling.task`, so its log is WORKDIR/logs/slurm-<job>-task<rank>.log
-(`-restart<n>` added after a requeue, which keeps the job id). A multi-process cell's launcher gets
+with `--slurm_python` through `nsl.scaling.task`, so its log is
+WORKDIR/logs/slurm-<job>-task<rank>.log (`-restart<n>` added after a requeue, which keeps the job
+id). A multi-process cell's launcher gets
 `--distributed=auto`: JAX reads the job's SLURM_* variables itself (the coordinator is the first
 node, its port derived from the job id; CPU processes talk through gloo).
 
@@ -19,8 +20,11 @@ accounting, else `scontrol show job` (jobs stay there MinJobAge seconds after th
 jobcomp/filetxt file when the controller writes one this host can read. Stopping the runner
 sends `scancel --signal=TERM` to the job's tasks (they checkpoint and exit; not `--full`: srun
 answers a SIGTERM of its own by killing its tasks), cancels a job whose tasks have not started,
-and a second stop `scancel`s. The batch script goes to sbatch on stdin and sbatch's own
-output to the node's /tmp: nothing is written to a shared file system.
+and a second stop `scancel`s. A runner that died leaves its jobs running; the next one adopts a
+cell's live job (its name and `--comment`, the workdir) instead of submitting another. The batch
+script goes to sbatch on stdin and sbatch's own output to the node's /tmp: nothing is written to
+a shared file system. On a GPU node with one task, JAX_LOCAL_DEVICE_IDS gives it every GPU (JAX's
+Slurm detection would give it the one numbered SLURM_LOCALID).
 
 Why not submitit: it can express this job (nodes, tasks per node, srun), but it keeps the pickled
 callable, its results and its logs in a folder that "needs to point to a directory shared through

@@ -37,7 +37,8 @@ MUNGE_KEY = "/etc/munge/munge.key"
 
 
 class Unavailable(Exception):
-  """Slurm cannot be had here (the message says why, in one line)."""
+  """Slurm cannot be had here (the message says why, in one line): the tests skip. A cluster that
+  is installed but does not come up is an error, not a skip."""
 
 
 def _free_port() -> int:
@@ -157,7 +158,7 @@ class SlurmCluster:
     deadline = time.time() + 15
     while not munge_running():
       if time.time() > deadline:
-        raise Unavailable(f"munged did not start: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+        raise RuntimeError(f"munged did not start: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
       time.sleep(0.1)
     self.procs["munged"] = None  # started here: stopped in stop()
 
@@ -166,12 +167,13 @@ class SlurmCluster:
     while True:
       for name, proc in self.procs.items():
         if proc is not None and proc.poll() is not None:
-          raise Unavailable(f"{name} exited with {proc.returncode} at start: {self._log_tail(name)}")
+          raise RuntimeError(f"{name} exited with {proc.returncode} at start: {self._log_tail(name)}")
       out = _run("sinfo", "-h", "-n", self.host, "-o", "%t", env=env, timeout=10)
       if out.returncode == 0 and out.stdout.strip() == "idle":
         return
       if time.time() > deadline:
-        raise Unavailable(f"node {self.host} not idle in time (sinfo: {out.stdout.strip() or out.stderr.strip()})")
+        said = out.stdout.strip() or out.stderr.strip()
+        raise RuntimeError(f"node {self.host} not idle in time (sinfo: {said}; logs in {self.scratch})")
       time.sleep(0.2)
 
   def _log_tail(self, name: str) -> str:

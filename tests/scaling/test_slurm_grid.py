@@ -157,15 +157,18 @@ def test_a_cell_requeued_mid_run_finishes_from_its_checkpoint_to_the_same_state(
   workdir = str(root / cell["run_id"])
   runner = run_slurm(path, str(root), popen=True)
   try:
-    def first_checkpoint():
-      """the cell's first checkpoint"""
-      ckpt = os.path.join(workdir, "checkpoints")
-      return os.path.isdir(ckpt) and any(n.isdigit() for n in os.listdir(ckpt)) and trainer_pids(workdir)
-    pids = wait_for(first_checkpoint, 80, proc=runner)
+    pids = wait_for(lambda: trainer_pids(workdir), 80, proc=runner)  # started: compiling
+    ckpt = os.path.join(workdir, "checkpoints")
+
+    def saving():
+      """the cell's first checkpoint (being written or written)"""
+      return os.path.isdir(ckpt) and any(n[:1].isdigit() for n in os.listdir(ckpt))
+    wait_for(saving, 80, every=0.005, proc=runner)  # a few steps take ~10 ms here: look often
     # Hold the trainer where it is while Slurm requeues its job, so the test cannot lose the race
     # with its last steps; Slurm's own SIGCONT + SIGTERM then ends it with a checkpoint.
     for pid in pids:
       os.kill(pid, signal.SIGSTOP)
+    assert not os.path.exists(os.path.join(workdir, "result.json")), "the run ended before it was held"
     job_id = read(os.path.join(workdir, "status.json"))["job"]["job_id"]
     subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=30)
     for pid in pids:
@@ -190,7 +193,9 @@ def test_a_cell_requeued_mid_run_finishes_from_its_checkpoint_to_the_same_state(
   assert f"resumed from {workdir}/checkpoints/{stopped['steps']}" in final, final[-2000:]
   status = read(os.path.join(workdir, "status.json"))
   assert status["status"] == "done" and status["attempts"] == 1 and "preempted" not in out  # one attempt
-  assert read(os.path.join(workdir, "result.json"))["state_sha256"] == reference
+  digest = read(os.path.join(workdir, "result.json"))["state_sha256"]
+  print(f"requeued at step {stopped['steps']} of {STEPS}: state_sha256 {digest}, uninterrupted {reference}")
+  assert digest == reference
 
 
 def test_stopping_the_runner_cancels_its_jobs_and_leaves_the_cells_pending(slurm, tmp_path):
