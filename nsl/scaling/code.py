@@ -25,10 +25,11 @@ import tempfile
 from pathlib import Path
 
 from nsl import storage
-from nsl.errors import NslError
+from nsl.errors import ConfigError, NslError
 
 CODE_DIR = ".code"  # under the grid root
 HASH_CHARS = 16
+MAX_BYTES = 256 << 20  # more is a data or run folder git does not ignore, not code
 
 
 def source_root() -> str:
@@ -63,9 +64,15 @@ def files(source: str) -> list[str]:
 
 def archive(source: str) -> tuple[bytes, str]:
   """(tar.gz bytes, content hash) of `files(source)`: the same files give the same bytes."""
+  names = files(source)
+  sizes = {n: os.lstat(os.path.join(source, n)).st_size for n in names}
+  if sum(sizes.values()) > MAX_BYTES:
+    largest = sorted(sizes, key=sizes.get, reverse=True)[:3]
+    raise ConfigError(f"the code to ship from {source} is {sum(sizes.values()) >> 20} MB (largest: {', '.join(largest)}); "
+                   "git ignores none of it: add data and run folders to .gitignore")
   raw = io.BytesIO()
   with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-    for name in files(source):
+    for name in names:
       path = os.path.join(source, name)
       info = tarfile.TarInfo(name)
       info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""

@@ -84,3 +84,11 @@ def test_outside_a_checkout_the_installed_package_is_shipped(tmp_path):
   assert code.files(str(site)) == ["nsl/__init__.py", "nsl/scaling/grid.py"]
   with pytest.raises(NslError, match="neither a git checkout"):
     code.files(str(tmp_path / "empty"))
+
+
+def test_a_checkout_with_a_data_folder_git_does_not_ignore_is_refused(checkout, monkeypatch):
+  monkeypatch.setattr(code, "MAX_BYTES", 1000)
+  (checkout / "runs").mkdir()
+  (checkout / "runs" / "weights.bin").write_bytes(b"\1" * 2000)
+  with pytest.raises(NslError, match=r"largest: runs/weights.bin.*add data and run folders to .gitignore"):
+    code.pack(str(checkout.parent / "grid"), str(checkout))
