@@ -68,8 +68,8 @@ def archive(source: str) -> tuple[bytes, str]:
   sizes = {n: os.lstat(os.path.join(source, n)).st_size for n in names}
   if sum(sizes.values()) > MAX_BYTES:
     largest = sorted(sizes, key=sizes.get, reverse=True)[:3]
-    raise ConfigError(f"the code to ship from {source} is {sum(sizes.values()) >> 20} MB (largest: {', '.join(largest)}); "
-                   "git ignores none of it: add data and run folders to .gitignore")
+    raise ConfigError(f"the code to ship from {source} is {sum(sizes.values()) >> 20} MB (largest: "
+                      f"{', '.join(largest)}); git ignores none of it: add data and run folders to .gitignore")
   raw = io.BytesIO()
   with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
     for name in names:
