@@ -3,10 +3,7 @@
 Four raylets stand for two slices of type "cpu2" with two hosts each, named as Ray names a Cloud TPU
 slice's hosts: TPU-cpu2-head on host 0 of each, and the slice's own name ("slice-a", "slice-b") on
 every host of it. The cells are configs/tiny.py with 2 processes each (one CPU device per process,
-gloo collectives), run through the grid CLI as a user would. The cluster is `ray.cluster_utils.
-Cluster` (four raylets in about 11 s on 2 cores, 22-26 s with the cores shared with other jobs):
-`ray start --address` for a second node on one host collides with the first on the dashboard
-agent's fixed port, so the CLI cannot build it here.
+gloo collectives), run through the grid CLI as a user would. The cluster: tests/cluster/ray_slices.py.
 """
 
 import json
@@ -15,40 +12,18 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 
 import pytest
 
+from tests.cluster.ray_slices import ray_slices  # noqa: F401 (the module's Ray cluster fixture)
 from tests.helpers import ROOT, SUBPROCESS_XLA_FLAGS, make_corpus, run_cli
 
-ray = pytest.importorskip("ray")  # in [dev]: the suite runs these
+pytest.importorskip("ray")  # in [dev]: the suite runs these
 pytestmark = pytest.mark.slow
 
-HEAD = "TPU-cpu2-head"
 STEPS, EVERY = 120, 20  # a checkpoint every 20 steps: the kill lands with 100 steps still to go
-
-
-@pytest.fixture(scope="module")
-def cluster():
-  from ray.cluster_utils import Cluster
-
-  temp = tempfile.mkdtemp(prefix="nslray", dir="/tmp")  # short: Ray's socket paths live under it
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setenv("XLA_FLAGS", SUBPROCESS_XLA_FLAGS)  # the raylets' env, so the trainers': one CPU device each
-    mp.setenv("JAX_PLATFORMS", "cpu")
-    t0 = time.time()
-    c = Cluster(initialize_head=True, head_node_args=dict(num_cpus=0, include_dashboard=False, temp_dir=temp,
-                                                          resources={HEAD: 1, "slice-a": 1}))
-    for resources in ({"slice-a": 1}, {HEAD: 1, "slice-b": 1}, {"slice-b": 1}):
-      c.add_node(num_cpus=0, resources=resources)
-    c.wait_for_nodes()
-    print(f"\nray: a 4-node cluster started in {time.time() - t0:.1f}s")
-  try:
-    yield c
-  finally:
-    c.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -87,11 +62,11 @@ def cell_dirs(root) -> list:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(cluster, data, tmp_path_factory):
+def uninterrupted(ray_slices, data, tmp_path_factory):
   """Both cells (seeds 0 and 1) run to the end, two at a time: the reference digests."""
   root = tmp_path_factory.mktemp("uninterrupted") / "root"
   t0 = time.time()
-  proc = run_cli(*grid_run(write_grid(data, "two.py", [0, 1]), root, cluster)[1:], timeout=300)
+  proc = run_cli(*grid_run(write_grid(data, "two.py", [0, 1]), root, ray_slices)[1:], timeout=300)
   print(f"ray: two 2-process cells in {time.time() - t0:.1f}s")
   assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
   return root
@@ -157,11 +132,11 @@ def stop(runner: subprocess.Popen) -> None:
     runner.wait()
 
 
-def test_a_killed_host_is_rescheduled_and_resumes_to_the_same_bits(uninterrupted, cluster, data, tmp_path):
+def test_a_killed_host_is_rescheduled_and_resumes_to_the_same_bits(uninterrupted, ray_slices, data, tmp_path):
   """SIGKILL to one host's trainer after a checkpoint: the cell fails, is rescheduled, resumes from
   that checkpoint and ends with the uninterrupted run's state digest."""
   root = tmp_path / "root"
-  runner = start_runner(grid_run(write_grid(data, "one.py", [0]), root, cluster))
+  runner = start_runner(grid_run(write_grid(data, "one.py", [0]), root, ray_slices))
   try:
     workdir = wait_for(lambda: next((d for d in cell_dirs(root) if checkpoints(d)), None), runner)
     victim = wait_for(lambda: trainer(str(workdir), 1), runner)
@@ -183,9 +158,9 @@ def test_a_killed_host_is_rescheduled_and_resumes_to_the_same_bits(uninterrupted
   assert digest(workdir) == digest(same) is not None
 
 
-def test_a_stopped_runner_makes_every_host_checkpoint_and_exit(cluster, data, tmp_path):
+def test_a_stopped_runner_makes_every_host_checkpoint_and_exit(ray_slices, data, tmp_path):
   root = tmp_path / "root"
-  runner = start_runner(grid_run(write_grid(data, "one.py", [0]), root, cluster))
+  runner = start_runner(grid_run(write_grid(data, "one.py", [0]), root, ray_slices))
   try:
     workdir = wait_for(lambda: next((d for d in cell_dirs(root) if checkpoints(d)), None), runner)
     hosts = [wait_for(lambda: trainer(str(workdir), i), runner) for i in (0, 1)]
@@ -202,9 +177,9 @@ def test_a_stopped_runner_makes_every_host_checkpoint_and_exit(cluster, data, tm
   assert status["status"] == "pending" and status["attempts"] == 1 and not status.get("failures"), status
 
 
-def test_a_slice_type_the_cluster_lacks_fails_the_cell_once_with_the_reason(cluster, data, tmp_path):
+def test_a_slice_type_the_cluster_lacks_fails_the_cell_once_with_the_reason(ray_slices, data, tmp_path):
   root = tmp_path / "root"
-  proc = run_cli(*grid_run(write_grid(data, "cpu4.py", [0], "cpu4"), root, cluster)[1:], timeout=120)
+  proc = run_cli(*grid_run(write_grid(data, "cpu4.py", [0], "cpu4"), root, ray_slices)[1:], timeout=120)
   assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
   (workdir,) = cell_dirs(root)
   status = json.loads((workdir / "status.json").read_text())
