@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -125,7 +126,7 @@ class Checkpointer:
         full = self._disk_full(e)
         if full is not None:
           raise full from e
-        reason = f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
+        reason = _reason(e)
         damaged.append(step)
         older = [s for s in steps if s < step]
         warn(f"checkpoint {storage.join(self.directory, str(step))} is damaged ({reason}); "
@@ -204,52 +205,132 @@ class Checkpointer:
       self.manager.close()
 
 
-def restore_params(path: str, abstract_state, flag: str = "--restore_from"):
+def step_dirs(directory: str) -> list[int]:
+  """The step numbers of `directory`'s step folders, newest first, without Orbax (a local
+  `<step>.orbax-checkpoint-tmp-*` folder is not one; in a bucket an unfinished step has no
+  commit_success.txt). [] when `directory` cannot be listed."""
+  try:
+    names = storage.listdir(directory) if storage.isdir(directory) else []
+    steps = [int(n) for n in names if n.isdigit()]
+    if storage.is_remote(directory):
+      steps = [s for s in steps if storage.isfile(storage.join(directory, str(s), COMMIT_FILE))]
+  except Exception:  # a missing bucket, no credentials: reported by the checks that need it
+    return []
+  return sorted(steps, reverse=True)
+
+
+def saved_config(directory: str) -> dict[str, Any] | None:
+  """The config recorded by the newest step of `directory` whose metadata reads (a damaged newest
+  step falls back as `Checkpointer.restore_latest` does), read as JSON without Orbax; None when no
+  step has one."""
+  for step in step_dirs(directory):
+    try:
+      config = json.loads(storage.read_text(storage.join(directory, str(step), "meta", "metadata"))).get("config")
+    except (OSError, ValueError, AttributeError):
+      continue
+    if isinstance(config, dict):
+      return config
+  return None
+
+
+def restore_params(path: str, abstract_state, flag: str = "--restore_from", config=None):
   """Parameters of the latest checkpoint under `path` (a run's workdir or its checkpoints dir).
   `flag` is the command-line option that named `path`, for the error messages. A reader of a run
   (an evaluation, `--workdir`) falls back past a damaged newest step with one warning; a new run
   started `--restore_from` it does not: it would train from weights other than the ones named, so
-  that is one error line saying which step is damaged and which is intact."""
+  that is one error line saying which step is damaged and which is intact. A checkpoint of another
+  architecture is named from its metadata before any array is read (`architecture_difference`,
+  with `config`'s fields that differ from the run's)."""
   directory = path if storage.basename(path) == "checkpoints" else storage.join(path, "checkpoints")
   storage.check_bucket(path, flag)
   if not storage.isdir(directory):
     raise NslError(f"{flag}={path!r}: no checkpoints directory at {directory}")
   with quiet_orbax():
-    manager = ocp.CheckpointManager(storage.resolve(directory), options=ocp.CheckpointManagerOptions(read_only=True))
+    manager = ocp.CheckpointManager(storage.resolve(directory), options=ocp.CheckpointManagerOptions(read_only=True),
+                                    item_handlers=_item_handlers())
   try:
     steps = sorted(manager.all_steps(), reverse=True)
     if not steps:
       raise NslError(f"{flag}={path!r}: no complete checkpoint in {directory}")
-    mismatch, first_failure = None, None
-    for step in steps:  # the newest that restores; a damaged one is skipped with a warning
-      try:
-        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
-        if step != steps[0] and flag == "--restore_from":
-          newest = storage.join(directory, str(steps[0]))
-          raise NslError(f"{flag}={path!r}: its newest checkpoint {newest} is damaged "
-                         f"({first_failure}); step {step} is intact: move {newest} "
-                         "aside to start from it")
-        if mismatch is not None:  # an older step fits this model, so the newer one was damage
-          warn(f"{flag}: checkpoint {storage.join(directory, str(mismatch[0]))} is damaged ({mismatch[1]}); "
-               f"used step {step}")
-        return restored["state"].params, step
-      except NslError:
-        raise
-      except Exception as e:
-        reason = f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
-        first_failure = first_failure or reason
-        # Without its _METADATA Orbax reads a step's tree as a different structure: damage, not
-        # another architecture.
-        if _is_shape_mismatch(e) and storage.isfile(storage.join(directory, str(step), "state", "_METADATA")):
-          mismatch = mismatch or (step, reason)
-        elif flag != "--restore_from":  # there, an older intact step is the error above
-          warn(f"{flag}: checkpoint {storage.join(directory, str(step))} is damaged ({reason}); trying an older one")
-    if mismatch is not None:
-      raise NslError(f"{flag}={path!r}: checkpoint step {mismatch[0]} does not match this model "
-                     f"({mismatch[1]}); use a run of the same architecture")
-    raise NslError(f"{flag}={path!r}: every checkpoint in {directory} is damaged (steps {sorted(steps)})")
+    other = architecture_difference(manager, steps[0], abstract_state, config)
+    if other is not None:
+      raise NslError(f"{flag}={path!r}: checkpoint {storage.join(directory, str(steps[0]))} is of another "
+                     f"architecture ({other}); use a run of the same family and model sizes")
+    return _restore_newest(manager, steps, abstract_state, path, directory, flag)
   finally:
     manager.close()
+
+
+def _restore_newest(manager, steps, abstract_state, path, directory, flag):
+  """restore_params' walk from the newest step down (its docstring)."""
+  mismatch, first_failure = None, None
+  for step in steps:  # the newest that restores; a damaged one is skipped with a warning
+    try:
+      restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
+      if step != steps[0] and flag == "--restore_from":
+        newest = storage.join(directory, str(steps[0]))
+        raise NslError(f"{flag}={path!r}: its newest checkpoint {newest} is damaged "
+                       f"({first_failure}); step {step} is intact: move {newest} "
+                       "aside to start from it")
+      if mismatch is not None:  # an older step fits this model, so the newer one was damage
+        warn(f"{flag}: checkpoint {storage.join(directory, str(mismatch[0]))} is damaged ({mismatch[1]}); "
+             f"used step {step}")
+      return restored["state"].params, step
+    except NslError:
+      raise
+    except Exception as e:
+      reason = _reason(e)
+      first_failure = first_failure or reason
+      # Without its _METADATA Orbax reads a step's tree as a different structure: damage, not
+      # another architecture.
+      if _is_shape_mismatch(e) and storage.isfile(storage.join(directory, str(step), "state", "_METADATA")):
+        mismatch = mismatch or (step, reason)
+      elif flag != "--restore_from":  # there, an older intact step is the error above
+        warn(f"{flag}: checkpoint {storage.join(directory, str(step))} is damaged ({reason}); trying an older one")
+  if mismatch is not None:
+    raise NslError(f"{flag}={path!r}: checkpoint step {mismatch[0]} does not match this model "
+                   f"({mismatch[1]}); use a run of the same architecture")
+  fix = "; name another run, or start without --restore_from" if flag == "--restore_from" else ""
+  raise NslError(f"{flag}={path!r}: every checkpoint in {directory} is damaged (steps {sorted(steps)}){fix}")
+
+
+def _item_handlers():
+  """The handlers of a step's two items, so a read-only manager can read their metadata."""
+  return {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
+
+
+def _param_shapes(tree) -> dict[str, tuple]:
+  return {"/".join(str(getattr(k, "key", k)) for k in p): tuple(getattr(leaf, "shape", ()))
+          for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def architecture_difference(manager, step: int, abstract_state, config=None) -> str | None:
+  """Why checkpoint `step` cannot hold this model's parameters, read from its metadata alone: the
+  first parameter whose shape differs or that one side lacks, and the family and model fields of
+  its config that differ from `config`'s. None when the shapes agree, or when the metadata cannot
+  be read (damage, which reading the arrays reports)."""
+  try:
+    with quiet_orbax():  # a step without its tree metadata is an absl warning, then damage below
+      there = _param_shapes(manager.item_metadata(step)["state"]["params"])
+  except Exception:
+    return None
+  here = _param_shapes(abstract_state.params)
+  if there == here:
+    return None
+  name = next(n for n in sorted(set(there) | set(here)) if there.get(n) != here.get(n))
+  shape = lambda d: str(list(d[name])) if name in d else "absent"
+  why = f"parameter {name} is {shape(there)} there, {shape(here)} here"
+  if config is not None:
+    from nsl import config as nsl_config
+    try:
+      saved = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"].get("config", {})
+    except Exception:
+      saved = {}
+    fields = [d for d in nsl_config.resume_differences(saved, nsl_config.to_dict(config))
+              if d[0] == "family" or d[0].startswith("model.")]
+    named = [f"config.{f} is {was!r} there, {now!r} here" for f, was, now in fields[:3]]
+    why = "; ".join(named + [why])
+  return why
 
 
 @contextlib.contextmanager
@@ -283,19 +364,32 @@ def state_digest(state) -> str:
 def _drop_closed_loop_noise(previous=sys.unraisablehook):
   """TensorStore's callbacks for a read that failed on a damaged step (a truncated OCDBT manifest)
   can fire after Orbax closed their event loop; Python then prints 'Exception ignored ...
-  RuntimeError: Event loop is closed' tracebacks at garbage collection. The damage was already
-  reported in one line, so only those are dropped; every other unraisable error still prints."""
+  RuntimeError: Event loop is closed' tracebacks at garbage collection. And the array reads Orbax
+  started beside one that failed (a shape of another architecture, a damaged array) are left
+  suspended; closed at collection, each turns its GeneratorExit into an Exception printing a whole
+  TensorStore spec (thousands of lines for one model). The failure was already reported in one
+  line, so only those two are dropped; every other unraisable error still prints."""
 
   def hook(unraisable):
     e = unraisable.exc_value
     if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
       return
+    if inspect.iscoroutine(unraisable.object) and isinstance(e.__cause__ or e.__context__, GeneratorExit):
+      return  # a read abandoned by a failed restore, closed at collection (Orbax wraps its GeneratorExit)
     previous(unraisable)
 
   return hook
 
 
 sys.unraisablehook = _drop_closed_loop_noise()
+
+
+def _reason(e: BaseException) -> str:
+  """A failed read in a few words: its innermost cause (Orbax wraps TensorStore's error, which
+  names the array and the file, in one that prints the whole TensorStore spec)."""
+  while e.__cause__ is not None:
+    e = e.__cause__
+  return f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
 
 
 def _is_shape_mismatch(e: BaseException) -> bool:

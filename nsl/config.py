@@ -286,11 +286,13 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def resume_differences(saved: dict, now: dict) -> list[tuple[str, Any, Any]]:
-  """(field, saved value, new value) for every field outside RESUME_MAY_CHANGE that differs.
-  Fields only one side has (a checkpoint from an older nsl) are not compared."""
+  """(field, saved value, new value) for every field outside RESUME_MAY_CHANGE that differs, the
+  family and variant first (a change of family is named as that, not as one of the sizes it
+  brings). Fields only one side has (a checkpoint from an older nsl) are not compared."""
   a, b = _flatten(saved or {}), _flatten(now or {})
   may = lambda f: any(f == p or f.startswith(p + ".") for p in RESUME_MAY_CHANGE)
-  return [(f, a[f], b[f]) for f in sorted(set(a) & set(b)) if not may(f) and a[f] != b[f]]
+  order = lambda f: (f not in ("family", "model.variant"), f)
+  return [(f, a[f], b[f]) for f in sorted(set(a) & set(b), key=order) if not may(f) and a[f] != b[f]]
 
 
 def _get(config, field: str):

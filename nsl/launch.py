@@ -192,6 +192,8 @@ def _main(args, overrides, early_sigterm: list) -> int:
   if args.workdir is None:
     raise ConfigError("--workdir is required for --mode=train")
   import jax
+  from nsl.train import loop
+  loop.check_resume(config, args.workdir)  # a resume's changed family is named before that family's checks
   nsl_config.validate(config, jax.device_count(), jax.process_count())  # before anything is written
   nsl_config.check_fits_memory(config, jax.local_devices())
   if storage.is_remote(str(config.data.get("path") or "")):

@@ -116,6 +116,32 @@ def describe(config) -> dict[str, Any]:
           "tokens_per_step": int(config.data.seq_len * config.train.batch_size)}
 
 
+def check_resumable(saved: dict[str, Any], config, directory: str) -> None:
+  """Every field must equal the checkpoint's (`saved`, in `directory`) except
+  `nsl_config.RESUME_MAY_CHANGE` (run length, logging, evaluation, checkpointing, how attention is
+  computed, the mesh): the others fix the parameters' shapes, the data stream or the model's
+  function (docs/guide/training.md#checkpoints)."""
+  diff = nsl_config.resume_differences(saved, nsl_config.to_dict(config))
+  if diff:
+    field, was, now = diff[0]
+    more = f" (and {len(diff) - 1} more: {', '.join(d[0] for d in diff[1:4])})" if len(diff) > 1 else ""
+    # Weights of another family do not fit this model: --restore_from would not help there.
+    weights = "" if field in ("family", "model.variant") else " (with --restore_from to start from these weights)"
+    raise ConfigError(f"config.{field}={now!r} differs from the checkpoint in {directory} "
+                      f"({was!r}){more}; resume with the same value, or use a new --workdir{weights}")
+
+
+def check_resume(config, workdir: str) -> None:
+  """`check_resumable` against the newest checkpoint in `workdir`, read before the config is
+  validated: a resume with another family is named as that, not as what the other family's own
+  checks make of the config (its `<predict>` id, its missing section). Nothing to check when the
+  workdir holds no checkpoint (or is no directory, which `launch.check_workdir` reports)."""
+  directory = storage.join(storage.resolve(workdir), "checkpoints") if workdir else ""
+  saved = checkpoint.saved_config(directory) if directory else None
+  if saved is not None:
+    check_resumable(saved, config, directory)
+
+
 class Trainer:
   """Builds everything a run needs; `run()` trains to `config.train.steps` or a preemption."""
 
@@ -132,6 +158,11 @@ class Trainer:
     # The compiled program is built by the same code as `nsl.compile`'s (one path, not a copy);
     # it validates the config against the devices first.
     self.program = p = program_lib.Program(config, devices)
+    # --restore_from is read before the workdir is made: weights of another architecture, or
+    # damaged ones, are one line with nothing written (a resume leaves them unread).
+    self._restored = None
+    if restore_from and not checkpoint.step_dirs(storage.join(self.workdir, "checkpoints")):
+      self._restored = checkpoint.restore_params(restore_from, p.abstract_state, config=config)
     self.is_main = jax.process_index() == 0
     self.lock = None
     if self.is_main:
@@ -179,22 +210,15 @@ class Trainer:
     with self.program.mesh_context():
       state = self._init(jax.random.PRNGKey(nsl_config.init_seed(self.config)))
     if self.restore_from:
-      params, step = checkpoint.restore_params(self.restore_from, self.abstract_state)
+      params, step = self._restored or checkpoint.restore_params(self.restore_from, self.abstract_state,
+                                                                 config=self.config)
+      self._restored = None
       state = state.replace(params=params)
       self._log(f"initialised parameters from {self.restore_from} (step {step})")
     return state
 
   def _check_resumable(self, saved: dict[str, Any]) -> None:
-    """Every field must equal the checkpoint's except `nsl_config.RESUME_MAY_CHANGE` (run length,
-    logging, evaluation, checkpointing, how attention is computed, the mesh): the others fix the
-    parameters' shapes, the data stream or the model's function."""
-    diff = nsl_config.resume_differences(saved, nsl_config.to_dict(self.config))
-    if diff:
-      field, was, now = diff[0]
-      more = f" (and {len(diff) - 1} more: {', '.join(d[0] for d in diff[1:4])})" if len(diff) > 1 else ""
-      raise ConfigError(f"config.{field}={now!r} differs from the checkpoint in {self.checkpointer.directory} "
-                        f"({was!r}){more}; resume with the same value, or use a new --workdir (with "
-                        "--restore_from to start from these weights)")
+    check_resumable(saved, self.config, self.checkpointer.directory)
 
   def _log(self, msg: str) -> None:
     if self.is_main and self.progress:

@@ -165,3 +165,72 @@ def test_disk_full_while_preparing_is_one_line(tmp_path, capsys, monkeypatch):
   rc, lines = _cli(capsys, prepare.main, f"--source={text}", f"--out={tmp_path / 'out'}")
   _one_line(rc, lines, "disk full", "bytes free")
   assert not (tmp_path / "out").exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".out")]
+
+
+# -- a run's checkpoints used wrongly, through `python -m nsl.launch` (issue #56 item 8) ---------
+# A subprocess: Python's own "Exception ignored" tracebacks of abandoned Orbax reads print at
+# garbage collection and at exit, where an in-process call (and pytest's own hook) would hide them.
+SHORT = {"train.steps": 3, "train.warmup_steps": 1, "train.decay_steps": 1, "train.eval_every": 3,
+         "checkpoint.every": 3}
+
+
+@pytest.fixture(scope="module")
+def source_run(corpus_dir, tmp_path_factory):
+  """A finished 3-step run of tests.helpers.tiny_config (d_model 32, the standard family)."""
+  import jax
+
+  from nsl.train import loop
+  from tests.helpers import tiny_config
+  workdir = str(tmp_path_factory.mktemp("runs") / "source")
+  loop.Trainer(tiny_config(corpus_dir, **SHORT), workdir, progress=False, devices=jax.devices()[:1]).run()
+  return workdir
+
+
+def _launch_cli(tmp_path, corpus_dir, workdir, *flags, **overrides):
+  cfg = _cfg_file(tmp_path, corpus_dir, **SHORT, **overrides)
+  out = run_cli("-m", "nsl.launch", f"--config={cfg}", f"--workdir={workdir}", "--quiet", *flags)
+  return out.returncode, out.stderr.strip().splitlines()  # every line, not only nsl's
+
+
+def _files(directory):
+  return sorted((os.path.relpath(os.path.join(d, f), directory), os.path.getmtime(os.path.join(d, f)))
+                for d, _, fs in os.walk(directory) for f in fs) if os.path.isdir(directory) else []
+
+
+def test_restore_from_a_run_of_another_architecture_names_the_field(tmp_path, corpus_dir, source_run):
+  workdir = tmp_path / "new"
+  rc, lines = _launch_cli(tmp_path, corpus_dir, workdir, f"--restore_from={source_run}", **{"model.d_model": 64})
+  _one_line(rc, lines, f"--restore_from='{source_run}'", f"{source_run}/checkpoints/3 is of another architecture",
+            "config.model.d_model is 32 there, 64 here", "[257, 32] there, [257, 64] here",
+            "use a run of the same family and model sizes")
+  assert _files(workdir) == []  # read before the trainer writes anything
+
+
+def test_restore_from_a_run_with_damaged_arrays_is_one_line(tmp_path, corpus_dir, source_run):
+  import glob
+  import shutil
+  source = str(tmp_path / "source")
+  shutil.copytree(source_run, source)
+  arrays = glob.glob(os.path.join(source, "checkpoints", "3", "state", "ocdbt.process_0", "d", "*"))
+  with open(max(arrays, key=os.path.getsize), "r+b") as f:  # a copy cut short
+    f.truncate(os.path.getsize(f.name) // 3)
+  workdir = tmp_path / "new"
+  rc, lines = _launch_cli(tmp_path, corpus_dir, workdir, f"--restore_from={source}")
+  _one_line(rc, lines, f"every checkpoint in {source}/checkpoints is damaged (steps [3])",
+            "start without --restore_from")
+  assert _files(workdir) == []
+
+
+def test_resuming_with_another_family_names_the_family_before_its_checks(tmp_path, corpus_dir, source_run):
+  """The SPS family's own check of this config (its <predict> id must lie past the tokenizer's
+  ids) would refuse it too, for a reason that is not the user's mistake: the family changed."""
+  import shutil
+  workdir = str(tmp_path / "run")
+  shutil.copytree(source_run, workdir)
+  before = _files(workdir)
+  rc, lines = _launch_cli(tmp_path, corpus_dir, workdir, **{"family": "sps", "model.variant": "sps",
+                                                            "model.window": 8})
+  line = _one_line(rc, lines, "config.family='sps' differs from the checkpoint", f"{workdir}/checkpoints",
+                   "('standard')", "model.variant", "use a new --workdir")
+  assert "predict" not in line and "--restore_from" not in line, line  # other weights would not fit either
+  assert _files(workdir) == before
