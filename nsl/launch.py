@@ -159,6 +159,9 @@ def init_distributed(args) -> None:
     jax.distributed.initialize(coordinator_address=args.coordinator_address, num_processes=args.num_processes,
                                process_id=args.process_id)
   elif args.distributed == "auto":
+    # A CPU job detected from Slurm's variables needs gloo like an explicit one (the JAX versions
+    # nsl allows differ in their default).
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize()  # Cloud TPU pods and SLURM are detected by JAX itself
 
 
