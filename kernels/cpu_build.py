@@ -3,9 +3,9 @@
 Build: `c++ -O3 -march=native` (`$CXX` overrides the compiler) against jaxlib's FFI headers, into
 `$NSL_KERNEL_CACHE` (default `~/.cache/nsl/kernels`), named by a hash of the sources, the flags,
 the jaxlib version and the CPU's feature flags, written atomically so concurrent processes share
-one build (`python -m nsl.kernels.cpu_build`, run by `make install`, builds it ahead of time and
-prints where). A host that cannot build it (no compiler) warns once on stderr per kernel and runs
-the XLA paths.
+one build (`python -m nsl.kernels.cpu_build`, run when `make` installs nsl, builds it ahead of
+time and prints where; otherwise the first use builds it). A host that cannot build it (no
+compiler) warns once on stderr per kernel and runs the XLA paths.
 
 `$NSL_CPU_THREADS` (a positive integer) caps the workers of every kernel call (default: the cores
 the process may run on). The kernels' results do not depend on it (docs/guide/determinism.md).
@@ -129,9 +129,7 @@ def _main() -> None:
   """`python -m nsl.kernels.cpu_build`: build the kernels now (install step); prints the path."""
   from nsl.errors import ArgumentParser
 
-  ArgumentParser(prog="python -m nsl.kernels.cpu_build",
-                 description="Builds nsl's C++ CPU kernels now (make install does) and prints the "
-                             "library's path; they are otherwise built on first use.").parse_args()
+  ArgumentParser(prog="python -m nsl.kernels.cpu_build").parse_args()  # described by the module docstring
   try:
     print(build())
   except OSError as e:

@@ -21,6 +21,7 @@ import inspect
 import os
 import shutil
 import sys
+import textwrap
 from typing import Callable
 
 EXIT_USER_ERROR = 2
@@ -128,9 +129,12 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
   def _get_help_string(self, action):
     text = action.help or ""
-    if "%(default)" in text or not _shows_default(action):
+    if "%(default)" in text or "(default" in text or not _shows_default(action):  # or it says it in words
       return text
     return f"{text} (default: %(default)s)".strip()
+
+  def _split_lines(self, text, width):  # a long default (a list of configs) stays whole: it can be copied
+    return textwrap.wrap(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
 
   def _format_action(self, action):
     if not action.help and _shows_default(action):  # argparse prints no help line at all otherwise

@@ -114,7 +114,10 @@ def table(rows: list[dict], generations: list[str]) -> str:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
   parser = ArgumentParser(prog="python -m nsl.hbm", description=__doc__.split("\n")[0])
-  parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="comma-separated FILE[:ARG] configs")
+  parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                      help="comma-separated FILE[:ARG] configs (default: configs/sps.py's ladder, xs to xl, each "
+                           "variant; configs/dd.py:dd_100m, configs/lift.py:lift_tiny, "
+                           "configs/nextlat.py:nextlat_tiny)")
   parser.add_argument("--generations", default="v5p,v5e,v6e", help="TPU generations to search")
   parser.add_argument("--out", default="hbm_fits.jsonl",
                       help="JSON lines, one per attempt (appended; a rerun resumes the search)")

@@ -1,15 +1,15 @@
-"""Regenerates docs/reference/cli.md from every command's --help: `python tools/docs_cli.py`.
+"""Regenerates docs/reference/cli.md from every command's --help: `.venv/bin/python tools/docs_cli.py`.
 
-tests/test_cli_help.py checks that every option a command's --help lists appears in that
-command's section of docs/reference/cli.md. After adding or changing a flag, rerun this (a few
-minutes: one process per command) and read the diff. A flag whose argparse help is empty gets the
-FALLBACK meaning below; better, give it a help string.
+The page holds nothing that `--help` does not print: each command's description (its module
+docstring, `nsl.errors.ArgumentParser`), its usage, its options with their help and defaults, and
+each subcommand's (found in the help itself); the index lists what `python -m nsl` prints. A flag
+whose meaning is missing here is missing from `--help`: give it a help string in its module.
+tests/test_cli_help.py fails when the page is not what this writes. After adding or changing a
+command or a flag, rerun this (a minute or two: one process per command) and read the diff.
 """
 
 from __future__ import annotations
 
-import ast
-import importlib.util
 import os
 import re
 import subprocess
@@ -19,6 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from nsl import __main__ as nsl_main  # noqa: E402  (after the path: run from a checkout)
 
+PAGE = os.path.join(ROOT, "docs", "reference", "cli.md")
+COLUMNS = "100"  # argparse wraps to the terminal: one width, so the page does not depend on who ran it
 GROUPS = (
     ("Training and inspecting runs", ("nsl.launch", "nsl.report", "nsl.compile", "nsl.hbm")),
     ("Data", ("nsl.data.prepare", "nsl.data.tasks.s5", "nsl.data.tasks.arithmetic", "nsl.data.tasks.path_star",
@@ -28,115 +30,120 @@ GROUPS = (
     ("Generation and Hugging Face", ("nsl.generate", "nsl.hf")),
     ("Scaling laws", ("nsl.scaling.grid", "nsl.scaling.fit", "nsl.scaling.plot", "nsl.scaling.study")),
     ("Benchmarks", ("nsl.bench.train_step", "nsl.bench.attention", "nsl.bench.decode", "nsl.bench.prepare",
-                    "nsl.bench.pipeline", "nsl.bench.startup")),
-    ("Internal", ("nsl.kernels.cpu_build", "nsl.scaling.backends")),
+                    "nsl.bench.pipeline", "nsl.bench.startup", "nsl.bench.checkpoint")),
+    ("Internal", ("nsl.kernels.cpu_build", "nsl.scaling.backends", "nsl.scaling.task")),
 )
-SUBCOMMANDS = {"nsl.scaling.grid": ("list", "run", "status"), "nsl.models.teacher": ("precompute",),
-               "nsl.hf": ("export", "import")}
-FALLBACK = {
-    "--backend": "local subprocesses, the TPU pod script, or Ray tasks",
-    "--batch": "batch size in rows", "--batch_size": "rows per batch",
-    "--config": "config file, or FILE.py:ARG",
-    "--coordinator_address": "HOST:PORT of process 0 (or $NSL_COORDINATOR_ADDRESS)",
-    "--d": "number of arms", "--data": "the data directory whose rows get states",
-    "--dtype": "compute dtype", "--force": "redo work already recorded",
-    "--grid": "the grid file (configs/grids/NAME.py)", "--head_dim": "head dimension", "--heads": "attention heads",
-    "--heldout_per_count": "held-out problems per operand count", "--heldout_per_length": "held-out sequences per length",
-    "--json": "print JSON instead of a table", "--l": "arm length ℓ: nodes per arm plus the centre",
-    "--max_docs": "at most this many documents per source", "--max_eval_len": "longest held-out sequence",
-    "--max_num": "largest number in a problem", "--max_train_len": "longest training sequence",
-    "--mode": "train (default) or describe: one JSON line of counts and FLOPs from shapes alone",
-    "--n_test": "test problems to generate", "--n_train": "training problems to generate",
-    "--new_tokens": "tokens to generate", "--num_processes": "number of processes (or $NSL_NUM_PROCESSES)",
-    "--out": "where to write the output", "--per_length": "test sequences per length",
-    "--poll_seconds": "how often the runner checks its cells",
-    "--process_id": "this process's index (or $NSL_PROCESS_ID)", "--prompt_len": "prompt tokens",
-    "--repeats": "timed repetitions per measurement (median reported)",
-    "--root": "the grid root (one directory per cell)", "--rules": "comma-separated attention rules to time",
-    "--sample_seed": "the sampling key's seed", "--seed": "random seed", "--shard_tokens": "tokens per shard file",
-    "--teacher": "the teacher's run directory", "--temperature": "softmax temperature of the states",
-    "--top_k": "states keep the teacher's top k probabilities",
-    "--tpu_script": "the launch script of the tpu backend (default launch/tpu_pod.sh)",
-    "--train_sequences": "training sequences to generate", "--val_fraction": "fraction of documents held out for validation",
-    "--val_sequences": "validation sequences to generate", "--variants": "comma-separated variants to run side by side",
-    "--workdir": "the run directory",
-}
 HEADER = """# Command line
 
 Every command is `python -m NAME` (inside `.venv`). `python -m nsl` prints this list with one
-line each, and every command answers `--help` with its options. A user mistake in any of them is
-one line on stderr and exit status 2. Config-taking commands accept `--config=FILE` or
-`--config=FILE:ARG` and `--config.a.b=VALUE` overrides ([Configs](../guide/configs.md)).
-(This page is generated by `tools/docs_cli.py`.)
+line each, and every command answers `--help` with its description and options. A user mistake in
+any of them is one line on stderr and exit status 2. Config-taking commands accept `--config=FILE`
+or `--config=FILE:ARG` and `--config.a.b=VALUE` overrides ([Configs](../guide/configs.md)).
+(This page is each command's `--help`, generated by `.venv/bin/python tools/docs_cli.py`.)
 """
+_HEADINGS = ("positional arguments:", "options:")
 
 
-def help_text(*argv: str) -> str:
-  return subprocess.run([sys.executable, "-m", *argv, "--help"], capture_output=True, text=True, cwd=ROOT).stdout
+def run_help(module: str, *sub: str) -> subprocess.CompletedProcess:
+  """`python -m MODULE [SUB] --help` at the page's width, without NSL_* variables (some defaults read them)."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith("NSL_")} | {"COLUMNS": COLUMNS}
+  return subprocess.run([sys.executable, "-m", module, *sub, "--help"], capture_output=True, text=True,
+                        cwd=ROOT, env=env, timeout=300)
 
 
-def options(text: str) -> list[tuple[str, str]]:
-  """(flags, help) of every argument an argparse --help lists, the help lines joined."""
-  rows, current, in_section = [], None, False
-  for line in text.split("\n"):
-    if re.match(r"^\S.*:$", line):  # "options:", "positional arguments:"
-      in_section, current = True, None
-      continue
-    m = re.match(r"^  (\S.*?)(?:\s{2,}(.*))?$", line)
-    if in_section and m and not m.group(1).startswith("{"):
-      current = [m.group(1).strip(), (m.group(2) or "").strip()]
-      rows.append(current)
-    elif current and line.startswith("   ") and line.strip():
-      current[1] = f"{current[1]} {line.strip()}".strip()
-    elif not line.strip():
+def parse(text: str) -> dict:
+  """An argparse --help: usage, description, option rows (flags, help) and subcommand rows (name, help)."""
+  head, _, rest = text.partition("\n\n")
+  lines = rest.split("\n")
+  start = next((i for i, line in enumerate(lines) if line in _HEADINGS), len(lines))
+  out = {"usage": " ".join(head.removeprefix("usage:").split()), "description": "\n".join(lines[:start]).strip(),
+         "options": [], "subcommands": []}
+  current = None
+  for line in lines[start:]:
+    sub = re.match(r"^    (\w[\w-]*)(?:\s{2,}(.*))?$", line)
+    opt = re.match(r"^  (\S.*?)(?:\s{2,}(.*))?$", line)
+    if re.match(r"^\S.*:$", line) or not line.strip() or re.match(r"^  \{", line):
       current = None
-  return [(f, h or FALLBACK.get(f.split()[0], "")) for f, h in rows if f != "-h, --help"]
+    elif sub:
+      current = [sub.group(1), (sub.group(2) or "").strip()]
+      out["subcommands"].append(current)
+    elif opt:
+      current = [opt.group(1).strip(), (opt.group(2) or "").strip()]
+      if current[0] != "-h, --help":
+        out["options"].append(current)
+    elif current and line.startswith("   "):
+      current[1] = f"{current[1]} {line.strip()}".strip()
+  return out
 
 
-def usage(text: str) -> str:
-  m = re.search(r"usage: (.*?)(?:\n\n|$)", text, re.S)
-  return " ".join(m.group(1).split()) if m else ""
+def helps(module: str) -> dict[str | None, str]:
+  """{None: the command's --help, SUB: each subcommand's}; a failing --help stops with its stderr."""
+  found = {}
+  for sub in [None] + [name for name, _ in parse(_checked(module)).get("subcommands", [])]:
+    found[sub] = _checked(module, *([sub] if sub else []))
+  return found
 
 
-def full_summary(module: str) -> str:
-  source = open(importlib.util.find_spec(module).origin, encoding="utf-8").read()
-  return nsl_main.summary(ast.get_docstring(ast.parse(source)) or "", width=10_000)
+def _checked(module: str, *sub: str) -> str:
+  result = run_help(module, *sub)
+  if result.returncode != 0 or "usage:" not in result.stdout:
+    raise SystemExit(f"{module} {' '.join(sub)} --help failed:\n{result.stderr[-2000:]}")
+  return result.stdout
 
 
 def cell(text: str) -> str:
   return text.replace("|", "\\|")
 
 
-def section(module: str) -> list[str]:
-  lines = [f"### `{module}` {{#{module.replace('.', '-')}}}", "", full_summary(module).rstrip(".") + ".", ""]
-  for sub in (None,) + SUBCOMMANDS.get(module, ()):
-    text = help_text(module, sub) if sub else help_text(module)
-    if sub:
-      lines += [f"`{module} {sub}`:", ""]
-    rows = options(text)
-    if not rows:
-      lines += [f"Usage: `{usage(text)}`" if usage(text) else "No options.", ""]
-      continue
-    lines += ["| option | meaning |", "|---|---|"] + [f"| `{cell(f)}` | {cell(h)} |" for f, h in rows] + [""]
-  return lines
+def _table(rows: list[list[str]], head: str) -> list[str]:
+  return [f"| {head} | meaning |", "|---|---|"] + [f"| `{cell(f)}` | {cell(h)} |" for f, h in rows] + [""]
+
+
+def section(module: str, texts: dict[str | None, str]) -> str:
+  """The page's section of one command, from its --help texts (`helps`)."""
+  top = parse(texts[None])
+  lines = [f"### `{module}` {{#{module.replace('.', '-')}}}", ""]
+  if top["description"]:
+    lines += ["```text", top["description"], "```", ""]
+  lines += [f"Usage: `{top['usage']}`", ""]
+  if top["subcommands"]:
+    lines += _table(top["subcommands"], "subcommand")
+  lines += _table(top["options"], "option") if top["options"] else []
+  for name, what in top["subcommands"]:
+    sub = parse(texts[name])
+    lines += [f"`{module} {name}`: {what}" if what else f"`{module} {name}`:", "", f"Usage: `{sub['usage']}`", ""]
+    lines += _table(sub["options"], "option") if sub["options"] else []
+  return "\n".join(lines).rstrip() + "\n"
+
+
+def page(sections: dict[str, str], summaries: dict[str, str]) -> str:
+  """The whole page: the header, the index (`python -m nsl`'s lines) and each group's sections."""
+  listed = [m for _, group in GROUPS for m in group]
+  if set(summaries) != set(listed):
+    raise SystemExit(f"tools/docs_cli.py: put {sorted(set(summaries) - set(listed))} in a GROUP "
+                     f"(and drop {sorted(set(listed) - set(summaries))})")
+  lines = [HEADER, "| command | what it does |", "|---|---|"]
+  lines += [f"| [`{m}`](#{m.replace('.', '-')}) | {cell(summaries[m])} |" for m in listed] + [""]
+  for title, group in GROUPS:
+    lines += [f"## {title}", ""] + [sections[m] for m in group]
+  return "\n".join(lines).rstrip() + "\n"
+
+
+def sections_of(text: str) -> dict[str, str]:
+  """{module: its section} of a page `page` wrote (what tests/test_cli_help.py compares)."""
+  found = {}
+  for chunk in re.split(r"(?m)^(?=### `)", text)[1:]:
+    module = re.match(r"### `([^`]+)`", chunk).group(1)
+    found[module] = re.split(r"(?m)^## ", chunk)[0].rstrip() + "\n"
+  return found
 
 
 def main() -> int:
-  short = nsl_main.commands()
-  listed = [m for _, group in GROUPS for m in group]
-  if set(short) != set(listed):
-    raise SystemExit(f"tools/docs_cli.py: put {sorted(set(short) - set(listed))} in a GROUP "
-                     f"(and drop {sorted(set(listed) - set(short))})")
-  lines = [HEADER, "| command | what it does |", "|---|---|"]
-  lines += [f"| [`{m}`](#{m.replace('.', '-')}) | {cell(short[m])} |" for m in listed] + [""]
-  for title, group in GROUPS:
-    lines += [f"## {title}", ""]
-    for module in group:
-      lines += section(module)
-  text = "\n".join(lines).rstrip() + "\n"
-  with open(os.path.join(ROOT, "docs", "reference", "cli.md"), "w", encoding="utf-8") as f:
+  summaries = nsl_main.commands()
+  text = page({m: section(m, helps(m)) for m in summaries}, summaries)
+  with open(PAGE, "w", encoding="utf-8") as f:
     f.write(text)
-  print(f"docs/reference/cli.md: {len(listed)} commands")
+  print(f"docs/reference/cli.md: {len(summaries)} commands")
   return 0
 
 
