@@ -10,12 +10,12 @@ each length S (slots), prints one JSON line with
 
 Pallas kernels are timed only on their own platform (splash on TPU, pallas_gpu on GPU); in
 interpret mode they are correctness tools, not speed measurements, and the line says so under
-`not_timed`. A last line (`"summary": true`) repeats the issue's two SPS figures when S = 4096 is
+`not_timed`. A last line (`"summary": true`) repeats the two SPS figures when S = 4096 is
 in the run: chunked/dense time for SPS stream-major and its tile count over the interleaved
 causal triangle.
 
 All rules use the same S slots; the SPS rules have S/2 tokens. `--tokens` is an alias of
-`--slots` (the issue counts T in slots).
+`--slots` (T counted in slots).
 
 `--block=0` (default) times each implementation at its own default tile (`attention.tile_size`:
 64 for the `flash_cpu` kernel, 128 for the chunked path on CPU, 512 for the accelerator kernels;

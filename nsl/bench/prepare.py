@@ -7,7 +7,7 @@ tokenizer (reading, tokenizing, shard writing, hashing; the pool's forkserver is
 the clock, as it would be long before the end of a 20B-token prepare), as tokens/s and per worker.
 The ceiling is tiktoken's `encode_ordinary_batch` on one thread over the same documents, held in
 memory, in the same process: the most one core can tokenize. `per_worker_over_ceiling` is each
-count's tokens/s / workers / ceiling (the issue's goal is >= 0.8); on a shared host, where N workers
+count's tokens/s / workers / ceiling (the goal is >= 0.8); on a shared host, where N workers
 get N cores only when N are idle, `per_cpu_over_ceiling` says the same per CPU-second spent
 encoding (the workers' own process time; for N = 1 the whole prepare's), whatever the load. One worker is prepare's
 in-process path, where tiktoken's `encode_ordinary_batch` uses its 2 threads; N >= 2 workers

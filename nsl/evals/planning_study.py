@@ -1,4 +1,4 @@
-"""A planning grid's table and curves (issue #17).
+"""A planning grid's table and curves (docs/papers/nextlat.md#results).
 
   python -m nsl.evals.planning_study --root=ROOT [--limit=500] [--batch_size=250] [--unfinished]
 
