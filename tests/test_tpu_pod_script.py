@@ -32,7 +32,7 @@ flags = dict(a[2:].split("=", 1) for a in rest if a.startswith("--") and "=" in 
 names = [a for a in rest if not a.startswith("--")]
 assert flags.get("worker") == "all" and flags.get("zone"), rest
 pod = os.environ["FAKE_POD"]
-homes = sorted(glob for glob in (os.path.join(pod, d) for d in os.listdir(pod)) if os.path.basename(glob).startswith("worker"))
+homes = sorted(os.path.join(pod, d) for d in os.listdir(pod) if d.startswith("worker"))
 with open(os.path.join(pod, "calls.log"), "a") as f:
   f.write(verb + "\\n")
 if verb == "scp":
@@ -105,6 +105,7 @@ def test_pod_script_ships_its_code_stops_a_stale_trainer_and_logs_per_worker(tmp
                "train.steps": 3, "train.warmup_steps": 1, "train.decay_steps": 1, "train.log_every": 1,
                "train.eval_every": 100, "train.eval_batches": 1, "checkpoint.every": 100,
                "checkpoint.async_save": "false"}
+  tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
   try:
     out = subprocess.run(["bash", os.path.join(ROOT, "launch", "tpu_pod.sh"), "configs/tiny.py", str(workdir),
                           *(f"--config.{k}={v}" for k, v in overrides.items())],
@@ -120,14 +121,15 @@ def test_pod_script_ships_its_code_stops_a_stale_trainer_and_logs_per_worker(tmp
   assert (pod_dir / "calls.log").read_text().split() == ["scp", "ssh", "ssh"]
   result = json.loads((workdir / "result.json").read_text())
   assert result["status"] == "done" and result["processes"] == 2 and result["steps"] == 3
-  files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout.split()
+  # the checkout's files as the script archived them (others may be edited meanwhile: this one is not)
+  tracked = [f for f in tracked if os.path.isfile(os.path.join(ROOT, f))]
+  assert "launch/tpu_pod.sh" in tracked and "nsl/launch.py" in tracked
   for i in range(WORKERS):
     home = pod_dir / f"worker{i}"
     assert not (home / "DECOY_RAN").exists(), "the worker ran ~/nsl"
     (code,) = glob.glob(str(home / "nsl-code" / "*" / ".nsl-unpacked"))
     code = os.path.dirname(code)
-    assert all(os.path.exists(os.path.join(code, f)) for f in files if os.path.isfile(os.path.join(ROOT, f)))
+    assert [f for f in tracked if not os.path.exists(os.path.join(code, f))] == []
     # Python compiled the shipped nsl as it imported it: the trainer ran that code
     assert glob.glob(os.path.join(code, "nsl", "__pycache__", "launch.*.pyc"))
     log = (workdir / "logs" / f"worker{i}.log").read_text()

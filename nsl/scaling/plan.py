@@ -1,13 +1,14 @@
 """Cost a grid before booking it: `python -m nsl.scaling.grid plan --grid=FILE --generation=v5p`
 (docs/guide/pods.md).
 
-For every cell of the grid, the smallest slice of the TPU generation on which the cell's train
-step, as the cell will run it (its own mesh and `model.remat`; `-1` in the mesh fills the slice),
-compiles within the chip's HBM -- the search of `nsl.hbm`, with `nsl.compile`'s own compile --
-then that compiled step's roofline bound (`roofline_step_seconds`: the chip's published peak and
-HBM bandwidth, a floor no run beats), the cell's steps and the chip-hours
-`step bound x steps x chips / 3600`, with the grid's total. Train steps only: evals, checkpoints,
-data loading and compile time are not costed, so the total is a lower bound to book above.
+For every cell of the grid: the smallest slice of the TPU generation on which the cell's train
+step compiles within the chip's HBM (`nsl.hbm`'s search, with `nsl.compile`'s own compile, but of
+the step as the cell will run it: its own mesh, where -1 fills the slice, and its own
+`model.remat`; a cell whose `slice` names a slice of the generation is costed on that one); that
+compiled step's roofline bound (`roofline_step_seconds`: the chip's published peak FLOP/s and HBM
+bandwidth, a floor no run beats); the cell's steps; and the chip-hours `step bound x steps x chips
+/ 3600`, with the grid's total. Train steps only: evals, checkpoints, data loading and compiles
+are not costed, so the total is a lower bound to book above.
 
 Slices are tried smallest first; one is skipped without compiling when the mesh cannot split the
 batch over it (a ConfigError of `nsl.train.program.Program`) or when the train state alone (16
@@ -92,11 +93,12 @@ class Planner:
     for row in _load(cache):
       self.attempts[(row["key"], row["topology"])] = row
 
-  def search(self, config, label: str = "") -> tuple[dict | None, str]:
-    """(the record of the smallest slice the config fits, None if none; why the last slice failed)."""
+  def search(self, config, label: str = "", only: str = "") -> tuple[dict | None, str]:
+    """(the record of the smallest slice the config fits, None if none; why the last slice failed);
+    `only`: the one slice to try (a cell that names its slice runs there)."""
     key = program_key(config)
     why = "no slice tried"
-    for name in self.slices:
+    for name in [only] if only else self.slices:
       record = self.attempts.get((key, name))
       if record is None:
         record = self._attempt(config, name, key, label)
@@ -119,8 +121,9 @@ class Planner:
     _, fsdp, tensor = program.mesh.devices.shape
     state = STATE_BYTES_PER_PARAM * program.counts["params_total"] / (fsdp * tensor)
     if state > sl.generation.hbm_bytes:
-      return self._keep({**base, "fits": False, "skipped": f"the train state alone is {state / 2**30:.1f} GiB "
-                         f"per chip over {fsdp * tensor} shards, over the chip's {sl.generation.hbm_bytes / 2**30:.0f} GiB"})
+      why = (f"the train state alone is {state / 2**30:.1f} GiB per chip over {fsdp * tensor} shards, over the "
+             f"chip's {sl.generation.hbm_bytes / 2**30:.0f} GiB")
+      return self._keep({**base, "fits": False, "skipped": why})
     t0 = time.time()
     record, _ = nsl_compile.report(config, program, sl)
     record.update(base, wall_seconds=round(time.time() - t0, 1))
@@ -170,17 +173,29 @@ def cell_config(cell):
   return nsl_config.load_config(grid.resolve_config_path(cell.config_path), list(cell.overrides))
 
 
-_PLANNERS: dict[str, Planner] = {}
+def named_slice(cell, generation: str) -> str:
+  """The cell's own `slice` when it is a slice of `generation` (`grid plan` costs it there), else ""."""
+  from nsl import topology
+
+  name = getattr(cell, "slice", "") or ""
+  try:
+    return name if name and topology.parse(name)[0].name == generation else ""
+  except ConfigError:  # a backend's group name, not a TPU slice
+    return ""
 
 
-def smallest_slice(cell_config_or_cell, generation: str) -> str:
+_PLANNERS: dict[tuple[str, str], Planner] = {}
+
+
+def smallest_slice(cell_config_or_cell, generation: str, cache: str = "") -> str:
   """The smallest slice of `generation` the cell (a `Cell` or a loaded config) fits, e.g.
   "v5p-8": the Ray backend's default for a cell without `slice`. Compiles once per program per
-  process; a cell that fits none raises ConfigError."""
+  process (`cache`: a `grid plan --cache` file, read and extended); a cell that fits none raises
+  ConfigError."""
   config = cell_config_or_cell
   if hasattr(config, "overrides") and hasattr(config, "config_path"):
     config = cell_config(config)
-  planner = _PLANNERS.setdefault(generation, Planner(generation))
+  planner = _PLANNERS.setdefault((generation, cache), Planner(generation, cache=cache))
   record, why = planner.search(config)
   if record is None:
     raise ConfigError(f"the cell fits no {generation} slice ({why})")
@@ -191,7 +206,7 @@ def plan_rows(cells, planner: Planner) -> tuple[list[dict], list[tuple[str, str]
   """One row per fitting cell; (run id, why) per cell that fits no slice."""
   rows, misfits = [], []
   for cell in cells:
-    record, why = planner.search(cell_config(cell), label=cell.run_id)
+    record, why = planner.search(cell_config(cell), label=cell.run_id, only=named_slice(cell, planner.generation))
     if record is None:
       misfits.append((cell.run_id, why))
       continue

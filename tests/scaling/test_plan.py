@@ -44,7 +44,7 @@ def test_tiny_grid_plan_on_v5e_compiles_each_program_once_and_totals_its_cells(c
   assert "plan: compile" not in err
   total = re.search(r"^total: 18 cells, ([\d.e+-]+) v5e chip-hours", out, re.M)
   assert total and float(total.group(1)) == pytest.approx(sum(r["chip_hours"] for r in rows), rel=1e-3)
-  assert plan.smallest_slice(cells[0], "v5e") == "v5e-1"
+  assert plan.smallest_slice(cells[0], "v5e", cache=cache) == "v5e-1"  # the Ray backend's default, from the cache
 
 
 def test_cells_sharing_a_program_key_lower_to_the_same_train_step():
@@ -65,9 +65,10 @@ def test_cells_sharing_a_program_key_lower_to_the_same_train_step():
 
 
 def test_a_cell_that_fits_no_slice_is_named_after_the_others_and_exits_2(tmp_path, capsys, cache):
-  # The tiny grid's first cell (its program is in the module's cache: no compile) and a ~2.4B one.
+  # The tiny grid's first cell, placed on a v5e-4 (costed there, not on the v5e-1 it would fit),
+  # and a ~2.4B-parameter one.
   tiny = grid.load_grid_file(TINY_GRID)[0]
-  small = {"base": os.path.join(ROOT, "configs", "tiny.py"), "overrides": tiny["overrides"],
+  small = {"base": os.path.join(ROOT, "configs", "tiny.py"), "overrides": {**tiny["overrides"], "slice": "v5e-4"},
            "axes": {k: [v[0]] for k, v in tiny["axes"].items()}}
   huge = {**small, "axes": {"size": [{"_label": "huge", "model.d_model": 4096, "model.n_heads": 32,
                                       "model.d_ff": 65536, "model.n_layers": 4}]}}
@@ -76,7 +77,7 @@ def test_a_cell_that_fits_no_slice_is_named_after_the_others_and_exits_2(tmp_pat
   rc = grid.main(["plan", f"--grid={grid_file}", "--generation=v5e", "--max_chips=4", f"--cache={cache}"])
   out, err = capsys.readouterr()
   assert rc == 2
-  assert re.search(r"^standard-d32-[\w.-]+\s+v5e-1\s", out, re.M) and "total: 1 cells" in out
+  assert re.search(r"^standard-d32-[\w.-]+\s+v5e-4\s", out, re.M) and "total: 1 cells" in out
   error = err.strip().splitlines()[-1]
   huge = [c.run_id for c in grid.expand(str(grid_file)) if c.run_id.startswith("huge")][0]
   assert error.startswith("nsl: error: 1 cell(s) fit no v5e slice up to v5e-4: " + huge)
