@@ -12,6 +12,7 @@ This module reads and writes them for the grid CLI (`nsl.scaling.grid`) and the 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import time
@@ -64,6 +65,40 @@ class Cell:
     d["overrides"], d["labels"] = dict(self.overrides), dict(self.labels)
     d["requires"] = list(self.requires)
     return d
+
+
+# -- identity -------------------------------------------------------------------------------------
+# Fields added after grids were run, at the value that trains a cell as it was trained before the
+# field existed: left out of the hash so those cells keep their ids (an empty value is "unset").
+NEUTRAL_FIELDS = {("init_seed",): None, ("evals",): {}, ("model", "cpu_kernels"): True, ("data", "mixture"): ""}
+# Fields that never change what a cell trains or records: always left out (turning W&B on or
+# tracing a few steps finds the grid's finished cells).
+IGNORED_FIELDS = (("log",), ("train", "profile_steps"), ("checkpoint", "every_minutes"))
+
+
+def config_hash(config_dict: dict) -> str:
+  def drop(d: dict, path: tuple[str, ...], keep=lambda v: False) -> dict:
+    head, *rest = path
+    if head not in d:
+      return d
+    if rest:
+      return {**d, head: drop(d[head], tuple(rest), keep)} if isinstance(d[head], dict) else d
+    return d if keep(d[head]) else {k: v for k, v in d.items() if k != head}
+
+  for path, neutral in NEUTRAL_FIELDS.items():
+    config_dict = drop(config_dict, path, keep=lambda v, n=neutral: v != n and not (n in ({}, "") and not v))
+  for path in IGNORED_FIELDS:
+    config_dict = drop(config_dict, path)
+  blob = json.dumps(config_dict, sort_keys=True, separators=(",", ":"))
+  return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def human(x: float) -> str:
+  """20e9 -> '20B', 1.5e6 -> '1.5M'."""
+  for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+    if abs(x) >= div:
+      return f"{x / div:.3g}{suffix}"
+  return f"{x:.3g}"
 
 
 # -- cell files -----------------------------------------------------------------------------------

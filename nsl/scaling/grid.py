@@ -5,6 +5,7 @@
   python -m nsl.scaling.grid run    --grid=configs/grids/X.py --root=DIR|gs://BUCKET/DIR
                                     [--backend=local|tpu|slurm|ray] [--parallel=N] [--retries=2]
   python -m nsl.scaling.grid status --root=DIR|gs://BUCKET/DIR
+  python -m nsl.scaling.grid plan   --grid=configs/grids/X.py --generation=v5p   (chip-hours before booking)
 
 A grid file defines `get_grid()` returning a dict, or a list of dicts whose cells are united:
 
@@ -38,7 +39,6 @@ run's own record files (the launcher's workdir): `nsl.scaling.cells`.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import itertools
 import json
@@ -52,7 +52,8 @@ from nsl import storage
 from nsl.errors import ArgumentParser, ConfigError, cli_main
 from nsl.scaling import backends, runner
 from nsl.scaling import plan as plan_cmd  # `plan` below is expand()'s helper
-from nsl.scaling.cells import CELL_REF, Cell, cell_rows
+from nsl.scaling.cells import (CELL_REF, IGNORED_FIELDS, NEUTRAL_FIELDS, Cell, cell_rows, config_hash,  # noqa: F401
+                               human)
 
 SPECIAL = ("config", "size", "tokens", "hosts", "slice")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -165,39 +166,6 @@ def _assign(name: str, value: Any, index: int, acc: dict) -> str:
   if name in ("family", "model.variant"):
     return str(value)
   return f"{name.split('.')[-1]}{value}"
-
-
-def human(x: float) -> str:
-  """20e9 -> '20B', 1.5e6 -> '1.5M'."""
-  for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
-    if abs(x) >= div:
-      return f"{x / div:.3g}{suffix}"
-  return f"{x:.3g}"
-
-
-# Fields added after grids were run, at the value that trains a cell as it was trained before the
-# field existed: left out of the hash so those cells keep their ids (an empty value is "unset").
-NEUTRAL_FIELDS = {("init_seed",): None, ("evals",): {}, ("model", "cpu_kernels"): True, ("data", "mixture"): ""}
-# Fields that never change what a cell trains or records: always left out (turning W&B on or
-# tracing a few steps finds the grid's finished cells).
-IGNORED_FIELDS = (("log",), ("train", "profile_steps"), ("checkpoint", "every_minutes"))
-
-
-def config_hash(config_dict: dict) -> str:
-  def drop(d: dict, path: tuple[str, ...], keep=lambda v: False) -> dict:
-    head, *rest = path
-    if head not in d:
-      return d
-    if rest:
-      return {**d, head: drop(d[head], tuple(rest), keep)} if isinstance(d[head], dict) else d
-    return d if keep(d[head]) else {k: v for k, v in d.items() if k != head}
-
-  for path, neutral in NEUTRAL_FIELDS.items():
-    config_dict = drop(config_dict, path, keep=lambda v, n=neutral: v != n and not (n in ({}, "") and not v))
-  for path in IGNORED_FIELDS:
-    config_dict = drop(config_dict, path)
-  blob = json.dumps(config_dict, sort_keys=True, separators=(",", ":"))
-  return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
 def make_run_id(labels: list[str], digest: str) -> str:
@@ -349,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
   plan_cmd.add_parser(sub)
   args = p.parse_args(argv)
   if args.command == "plan":
-    return plan_cmd.main(args)
+    return plan_cmd.main(args, expand(args.grid))
   if args.command == "status":
     root = storage.resolve(args.root)
     storage.check_bucket(root, "--root")

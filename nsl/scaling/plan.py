@@ -51,11 +51,11 @@ def program_key(config) -> str:
   """A hash of the config without the fields the lowered train step does not depend on (the LR
   schedule's numbers and the step count: runtime arguments), so budgets of one model share it."""
   from nsl import config as nsl_config
-  from nsl.scaling import grid
+  from nsl.scaling.cells import config_hash
 
   d = nsl_config.to_dict(config)
   d["train"] = {k: v for k, v in d["train"].items() if k not in RUNTIME_FIELDS}
-  return grid.config_hash(d)
+  return config_hash(d)
 
 
 def slices(generation: str, max_chips: int = 0) -> list[str]:
@@ -166,11 +166,11 @@ def step_seconds(record: dict) -> float:
 
 
 def cell_config(cell):
-  """The loaded config of a grid `Cell` (its path relative to the cwd or nsl's checkout)."""
+  """The loaded config of a grid `Cell` (its path relative to nsl's checkout, or absolute)."""
   from nsl import config as nsl_config
-  from nsl.scaling import grid
+  from nsl.scaling.griddata import code_path
 
-  return nsl_config.load_config(grid.resolve_config_path(cell.config_path), list(cell.overrides))
+  return nsl_config.load_config(code_path(cell.config_path), list(cell.overrides))
 
 
 def named_slice(cell, generation: str) -> str:
@@ -221,7 +221,7 @@ def plan_rows(cells, planner: Planner) -> tuple[list[dict], list[tuple[str, str]
 
 
 def format_table(rows: list[dict], generation: str) -> str:
-  from nsl.scaling.grid import human
+  from nsl.scaling.cells import human
 
   head = ("run_id", "slice", "hosts", "remat", "peak_GiB", "step_s", "bound", "steps", "chip_hours")
   cells = [[r["run_id"], r["slice"], str(r["hosts"]), r["remat"], f"{r['peak_gib']:.1f}",
@@ -235,15 +235,13 @@ def format_table(rows: list[dict], generation: str) -> str:
   return "\n".join(lines)
 
 
-def main(args) -> int:
-  """`grid plan`: the table (or JSON lines) of the grid's cells; exit 2 when a cell fits nowhere."""
-  from nsl.scaling import grid
-
+def main(args, cells) -> int:
+  """`grid plan`: the table (or JSON lines) of the grid's `cells` (expanded by `nsl.scaling.grid`);
+  exit 2 when a cell fits nowhere."""
   if args.max_chips < 0:
     raise ConfigError(f"--max_chips={args.max_chips} must be 0 (all slices) or positive")
   planner = Planner(args.generation, args.max_chips, args.cache,
                     progress=lambda line: print(line, file=sys.stderr, flush=True))
-  cells = grid.expand(args.grid)
   rows, misfits = plan_rows(cells, planner)
   if args.json:
     for r in rows:
