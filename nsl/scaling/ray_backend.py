@@ -15,21 +15,25 @@ process per host: a TPU type's host count, else `cell.hosts`.
 
 A cell runs as Ray Train's JaxTrainer (`ray.util.tpu.SlicePlacementGroup`), Levanter and Marin
 run theirs: a placement group of one bundle {TPU-<type>-head: 1} claims a slice; its name is read
-off the head node's resources (the smallest group of live nodes sharing a custom resource with
-it, at least as many as the cell's hosts); a STRICT_SPREAD placement group of one bundle
-{<slice name>: 1, host resources} per host claims its hosts atomically; one `HostActor` per bundle
-runs `python -m nsl.scaling.task --name=<slice name>-host<i> -- python -m nsl.launch ARGS
---coordinator_address=<host 0>:<a free port> --num_processes=N --process_id=i` (TPU hosts:
-`--distributed=auto`, JAX reads the slice itself) from the runner's code, shipped as the actors'
-runtime environment `working_dir` (their cwd, so the cells' relative config paths resolve).
-Several cells run on several slices at once (`--parallel` of them); a cell waits while every
-slice of its type is busy.
+off the head node's resources (of those no other head carries, the one on the fewest nodes, at
+least as many as the cell's hosts; a slice with a host down is let go and asked for again); a
+STRICT_SPREAD placement group of one bundle {<slice name>: 1, host resources} per host claims
+its hosts atomically; one `HostActor` per bundle runs `python -m nsl.scaling.task
+--name=<slice name>-host<i> -- python -m nsl.launch ARGS --coordinator_address=<host 0>:<a free
+port> --num_processes=N --process_id=i` (a Cloud TPU slice: `--distributed=auto`: JAX reads it
+itself) from the runner's code, shipped as the Ray job's runtime environment `working_dir` (the
+actors' cwd, so the cells' relative config paths resolve). A one-host slice needs no name: its
+head is all of it. Several cells run on several slices at once (`--parallel` of them); a cell
+waits while every slice of its type is busy.
+`--ray_address=local` starts a one-node cluster here whose node is a one-host slice "local".
 
 `poll`: every process exited 0 -> 0; one failed -> the others are killed (their collectives
 would stall) and its status is the cell's; a host's actor died (its node was lost: a preempted
 slice) -> `runner.LOST`, which the runner reschedules, the cell resuming from its checkpoint.
 `terminate`: SIGTERM to every host's task, which forwards it to the trainer (checkpoint, exit);
-`kill`: SIGKILL to every host's processes. The placement groups go when the cell ends.
+`kill`: SIGKILL to every host's processes. The placement groups go when the cell ends. What the
+backend itself has to say about a cell (a slice type no node carries: status 2) is written to
+WORKDIR/logs/ray.log, beside the hosts' logs, where `grid status` finds a failed cell's error.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ RAY_OWN = {"CPU", "GPU", "TPU", "memory", "object_store_memory"}  # never a slic
 # The code root's paths that are not code (anchored: nsl/data is a package).
 EXCLUDES = ["/.git", "/.venv", "/runs", "/data", "/site", "/build", "/.cache", "__pycache__", "*.egg-info",
             ".pytest_cache"]
+RETRY_SECONDS = 10.0  # a slice with a host down is let go; the cell asks for one again after this
 KILL_WAIT_SECONDS = 20.0  # how long kill() waits for the hosts to confirm their processes are gone
 
 
@@ -86,17 +91,21 @@ def slice_hosts(slice_type: str, cell_hosts: int) -> int:
   return tpu[2]
 
 
-def slice_resource(head_node: str, nodes: list[dict], hosts: int) -> str | None:
-  """The name of the slice whose head is `head_node`: of the custom resources that node carries,
-  the one shared by the fewest live nodes, at least `hosts` of them (None when none is)."""
-  alive = [n for n in nodes if n.get("Alive")]
-  head = next((n for n in alive if n["NodeID"] == head_node), None)
-  if head is None:
-    return None
+def slice_resource(head_node: str, nodes: list[dict], hosts: int, head: str) -> tuple[str | None, int]:
+  """The name of the slice whose head is `head_node`, and how many live nodes carry it: of the
+  custom resources that node carries and no other node with the head resource `head` does, the
+  one on the fewest live nodes, at least `hosts` of them, else the one on the most (a host of the
+  slice is down: Ray lists a dead node without resources). None when there is no such resource."""
+  live = [n for n in nodes if n.get("Alive")]
+  head_resources = next((n["Resources"] for n in live if n["NodeID"] == head_node), {})
   own = lambda k: k in RAY_OWN or k.startswith(("node:", "accelerator_type:")) or k.endswith("-head") or "_group_" in k
-  sizes = {k: sum(1 for n in alive if n["Resources"].get(k, 0) >= 1) for k in head["Resources"] if not own(k)}
-  fits = sorted((size, k) for k, size in sizes.items() if size >= hosts)
-  return fits[0][1] if fits else None
+  groups = {k: [n for n in live if n["Resources"].get(k, 0) >= 1] for k in head_resources if not own(k)}
+  groups = {k: g for k, g in groups.items() if not any(n["Resources"].get(head) for n in g if n["NodeID"] != head_node)}
+  if not groups:
+    return None, 0
+  fits = sorted((len(g), k) for k, g in groups.items() if len(g) >= hosts)
+  name = fits[0][1] if fits else max(sorted(groups), key=lambda k: len(groups[k]))
+  return name, len(groups[name])
 
 
 def runtime_env() -> dict:
@@ -161,6 +170,7 @@ class Gang:
     self.cell, self.workdir, self.slice_type, self.hosts = cell, workdir, slice_type, hosts
     self.state, self.rc = "placing", None  # placing -> hosts -> starting -> running -> ended
     self.head_pg = self.pg = self.ready = None
+    self.retry_at = 0.0  # when to ask for a slice again after one with a host down
     self.actors, self.where, self.runs, self.rcs = [], [], [], []
     self.slice = ""
     self.info = {"slice_type": slice_type, "hosts": hosts, "head_resource": head_resource(slice_type)}
@@ -235,9 +245,7 @@ class RayBackend:
       self._end(gang, 2, f"no node of the Ray cluster carries {gang.info['head_resource']} (host 0 of a "
                          f"{slice_type} slice); start one, or route the cell elsewhere (`slice`, --ray_slice)")
       return gang
-    head = {gang.info["head_resource"]: 1, **(self.host_resources if gang.hosts == 1 else {})}
-    gang.head_pg = self.ray.util.placement_group([head], name=f"nsl-{cell.run_id}-head")
-    gang.ready = gang.head_pg.ready()
+    self._ask_for_head(gang)
     self.gangs.append(gang)
     return gang
 
@@ -292,8 +300,16 @@ class RayBackend:
     done, _ = self.ray.wait(list(refs), num_returns=len(refs), timeout=0)
     return len(done) == len(refs)
 
+  def _ask_for_head(self, gang: Gang) -> None:
+    """A placement group on one slice's head resource: the claim on a whole slice."""
+    head = {gang.info["head_resource"]: 1, **(self.host_resources if gang.hosts == 1 else {})}
+    gang.head_pg = self.ray.util.placement_group([head], name=f"nsl-{gang.cell.run_id}-head")
+    gang.ready = gang.head_pg.ready()
+
   def _advance(self, gang: Gang) -> None:
-    if gang.state == "placing" and self._ready(gang.ready):
+    if gang.state == "placing" and gang.head_pg is None and time.time() >= gang.retry_at:
+      self._ask_for_head(gang)
+    if gang.state == "placing" and gang.head_pg is not None and self._ready(gang.ready):
       self._claim_hosts(gang)
     if gang.state == "hosts" and self._ready(gang.ready):
       self._start_actors(gang)
@@ -304,16 +320,24 @@ class RayBackend:
 
   def _claim_hosts(self, gang: Gang) -> None:
     """The slice whose head the cell holds: all its hosts in one placement group, or none."""
-    from ray.util import placement_group_table
+    from ray.util import placement_group_table, remove_placement_group
 
     head_node = placement_group_table(gang.head_pg)["bundles_to_node_id"][0]
     gang.info["head_node"] = head_node
-    name = slice_resource(head_node, self.ray.nodes(), gang.hosts)
+    name, alive = slice_resource(head_node, self.ray.nodes(), gang.hosts, gang.info["head_resource"])
     if gang.hosts == 1:  # the head is the whole slice
       gang.slice, gang.pg = name or f"node-{head_node[:8]}", gang.head_pg
     elif name is None:
       self._end(gang, 2, f"host 0 of a {gang.slice_type} slice (node {head_node[:8]}) carries no resource that "
-                         f"{gang.hosts} live nodes share: name each slice's hosts with one (module docstring)")
+                         f"{gang.hosts} nodes of that slice alone share: name each slice's hosts with one (module "
+                         "docstring)")
+      return
+    elif alive < gang.hosts:  # a host of it is down: let the slice go and ask again in a while
+      if not gang.info.get("waiting"):
+        gang.info["waiting"] = f"slice {name} has {alive} of the {gang.hosts} hosts the cell needs alive"
+        self._note(gang, f"waiting: {gang.info['waiting']}")
+      remove_placement_group(gang.head_pg)
+      gang.head_pg, gang.ready, gang.retry_at = None, None, time.time() + RETRY_SECONDS
       return
     else:
       gang.slice = name
@@ -337,8 +361,8 @@ class RayBackend:
     where = self.ray.get(gang.where)
     gang.info.update(slice=gang.slice, ips=[w["ip"] for w in where], nodes=[w["node_id"] for w in where],
                      code=where[0]["cwd"])
-    n, tpu = gang.hosts, "TPU" in self.host_resources
-    if tpu:  # JAX finds the slice's coordinator and its own place in it
+    n, tpu = gang.hosts, tpu_type(gang.slice_type) is not None or "TPU" in self.host_resources
+    if tpu:  # a Cloud TPU slice: JAX finds its coordinator and its own place in it
       distributed = lambda i: ["--distributed=auto"]
     else:
       coordinator = f"{where[0]['ip']}:{where[0]['port']}"
@@ -376,7 +400,7 @@ class RayBackend:
     gang.rc, gang.state = rc, "ended"
     if why:
       gang.info["error"] = why
-      self._note(gang, why)
+      self._note(gang, f"error: {why}")
     if gang.actors:  # SIGKILL first: a killed actor's task would only get SIGTERM (and wait for its trainer)
       stops = [a.signal.remote(signal.SIGKILL) for a in gang.actors]
       self.ray.wait(stops, num_returns=len(stops), timeout=KILL_WAIT_SECONDS)
@@ -390,12 +414,12 @@ class RayBackend:
     if gang in self.gangs:
       self.gangs.remove(gang)
 
-  def _note(self, gang: Gang, why: str) -> None:
+  def _note(self, gang: Gang, line: str) -> None:
     """The backend's word on a cell, in WORKDIR/logs/ray.log beside the hosts' logs (grid status's error tail)."""
     path = storage.join(gang.workdir, "logs", "ray.log")
     try:
       storage.makedirs(storage.dirname(path))
       old = storage.read_text(path) if storage.exists(path) else ""
-      storage.write_text(path, old + f"[{time.strftime('%Y-%m-%dT%H:%M:%S')}] ray backend: error: {why}\n")
+      storage.write_text(path, old + f"[{time.strftime('%Y-%m-%dT%H:%M:%S')}] ray backend: {line}\n")
     except Exception as e:  # the record is a courtesy; the status is what the runner acts on
       print(f"nsl.scaling.ray_backend: could not write {path} ({type(e).__name__})", file=sys.stderr)

@@ -17,11 +17,10 @@ import time
 
 import pytest
 
-from tests.cluster.ray_slices import ray_slices  # noqa: F401 (the module's Ray cluster fixture)
+from nsl.errors import ConfigError
+from nsl.scaling.ray_backend import head_resource, slice_hosts, slice_resource
+from tests.cluster.ray_slices import own_disk, ray_slices  # noqa: F401 (the module's Ray cluster; ray is in [dev])
 from tests.helpers import ROOT, SUBPROCESS_XLA_FLAGS, make_corpus, run_cli
-
-pytest.importorskip("ray")  # in [dev]: the suite runs these
-pytestmark = pytest.mark.slow
 
 STEPS, EVERY = 120, 20  # a checkpoint every 20 steps: the kill lands with 100 steps still to go
 
@@ -72,6 +71,7 @@ def uninterrupted(ray_slices, data, tmp_path_factory):
   return root
 
 
+@pytest.mark.slow
 def test_two_cells_run_at_once_on_the_two_slices(uninterrupted):
   cells = cell_dirs(uninterrupted)
   assert len(cells) == 2
@@ -132,6 +132,7 @@ def stop(runner: subprocess.Popen) -> None:
     runner.wait()
 
 
+@pytest.mark.slow
 def test_a_killed_host_is_rescheduled_and_resumes_to_the_same_bits(uninterrupted, ray_slices, data, tmp_path):
   """SIGKILL to one host's trainer after a checkpoint: the cell fails, is rescheduled, resumes from
   that checkpoint and ends with the uninterrupted run's state digest."""
@@ -146,7 +147,8 @@ def test_a_killed_host_is_rescheduled_and_resumes_to_the_same_bits(uninterrupted
   finally:
     stop(runner)
   assert runner.returncode == 0, out[-3000:]
-  assert code != ROOT and os.path.isfile(os.path.join(code, "nsl", "launch.py")), code
+  assert code != ROOT and all(os.path.isfile(os.path.join(code, f)) for f in ("nsl/launch.py", "nsl/data/prepare.py",
+                                                                              "configs/tiny.py")), code
   assert re.search(r"failed seed0-\S+ \(exit \d+\).*retrying from its last checkpoint", out), out[-3000:]
   resumed = re.findall(r"resumed from \S+/checkpoints/(\d+)", host_logs(workdir))
   assert resumed and 0 < int(resumed[0]) < STEPS, host_logs(workdir)[-3000:]  # the kill landed mid-run
@@ -158,6 +160,7 @@ def test_a_killed_host_is_rescheduled_and_resumes_to_the_same_bits(uninterrupted
   assert digest(workdir) == digest(same) is not None
 
 
+@pytest.mark.slow
 def test_a_stopped_runner_makes_every_host_checkpoint_and_exit(ray_slices, data, tmp_path):
   root = tmp_path / "root"
   runner = start_runner(grid_run(write_grid(data, "one.py", [0]), root, ray_slices))
@@ -177,6 +180,7 @@ def test_a_stopped_runner_makes_every_host_checkpoint_and_exit(ray_slices, data,
   assert status["status"] == "pending" and status["attempts"] == 1 and not status.get("failures"), status
 
 
+@pytest.mark.slow
 def test_a_slice_type_the_cluster_lacks_fails_the_cell_once_with_the_reason(ray_slices, data, tmp_path):
   root = tmp_path / "root"
   proc = run_cli(*grid_run(write_grid(data, "cpu4.py", [0], "cpu4"), root, ray_slices)[1:], timeout=120)
@@ -185,3 +189,61 @@ def test_a_slice_type_the_cluster_lacks_fails_the_cell_once_with_the_reason(ray_
   status = json.loads((workdir / "status.json").read_text())
   assert status["status"] == "failed" and status["attempts"] == 1 and status["returncode"] == 2, status
   assert "TPU-cpu4-head" in status["error"], status["error"]
+
+
+def test_slices_are_found_by_the_resources_ray_gives_tpu_vms_and_node_groups_by_the_same_rule():
+  node = lambda i, **res: {"NodeID": f"n{i}", "Alive": True, "Resources": {"CPU": 8, "memory": 1,
+                                                                          f"node:10.0.0.{i}": 1, **res}}
+  # a v4-16 as Ray starts it: the TPU's name on both hosts, the head resource on worker 0
+  tpu = [node(0, TPU=4, **{"TPU-v4-16-head": 1, "my-tpu": 1, "accelerator_type:TPU-V4": 1}),
+         node(1, TPU=4, **{"my-tpu": 1, "accelerator_type:TPU-V4": 1})]
+  assert slice_resource("n0", tpu, 2, "TPU-v4-16-head") == ("my-tpu", 2)
+  assert (head_resource("v4-16"), slice_hosts("v4-16", 1)) == ("TPU-v4-16-head", 2)
+  assert (head_resource("v5e-16"), slice_hosts("v5litepod-16", 1)) == ("TPU-v5litepod-16-head", 4)
+  with pytest.raises(ConfigError, match="a v5p-16 slice has 2 hosts"):
+    slice_hosts("v5p-16", 3)
+  # two GPU node groups: a resource on every GPU node, a name per group; the slice is the group
+  head = "TPU-gpu8x2-head"
+  gpus = [node(i, GPU=8, **{"gpu-node": 1, ("group-a" if i < 2 else "group-b"): 1},
+               **({head: 1} if i in (0, 2) else {})) for i in range(4)]
+  assert slice_resource("n2", gpus, 2, head) == ("group-b", 2) and slice_hosts("gpu8x2", 2) == 2
+  assert slice_resource("n2", gpus, 3, head) == ("group-b", 2)  # too small a slice: the cell waits
+  gpus[3].update(Alive=False, Resources={})  # a host down, as Ray lists it: group-b is still the slice
+  assert slice_resource("n2", gpus, 2, head) == ("group-b", 1)  # (never gpu-node, which spans two heads)
+  gpus[2]["Resources"].pop("group-b")
+  assert slice_resource("n2", gpus, 2, head) == (None, 0)  # a head without its slice's name: exit 2
+
+
+@pytest.mark.slow
+def test_a_lost_node_is_a_preemption_and_the_cell_resumes_on_a_whole_slice(uninterrupted, ray_slices, data,
+                                                                          tmp_path):
+  """A host of the cell's slice goes away (its raylet is killed, as a preempted TPU VM's): the
+  backend reports the cell LOST, the runner reschedules it as a preemption (no failure counted)
+  and it resumes from its checkpoint on a whole slice, to the uninterrupted run's digest."""
+  root = tmp_path / "root"
+  runner = start_runner(grid_run(write_grid(data, "one.py", [0]), root, ray_slices))
+  first = []
+  try:
+    workdir = wait_for(lambda: next((d for d in cell_dirs(root) if checkpoints(d)), None), runner)
+    first = [wait_for(lambda: trainer(str(workdir), i), runner) for i in (0, 1)]
+    name = next((workdir / "logs").glob("*-host1.log")).name.rsplit("-host", 1)[0]
+    hosts = ray_slices.hosts[name]
+    ray_slices.remove_node(hosts[1])
+    hosts[1] = ray_slices.add_node(num_cpus=0, resources={name: 1}, **own_disk(9))  # the host, recreated
+    out = runner.communicate(timeout=180)[0]
+  finally:
+    stop(runner)
+    for p in first:  # the lost node's trainer outlives its raylet here (a preempted VM takes it along)
+      if p.is_running():
+        p.kill()
+  assert runner.returncode == 0, out[-3000:]
+  assert re.search(rf"preempted seed0-\S+ after", out) and "failed" not in out, out[-3000:]
+  status = json.loads((workdir / "status.json").read_text())
+  assert status["status"] == "done" and status["attempts"] == 2 and status["failures"] == 0, status
+  assert "was lost" in (workdir / "logs" / "ray.log").read_text()
+  resumed = re.findall(r"resumed from \S+/checkpoints/(\d+)", host_logs(workdir))
+  assert resumed and 0 < int(resumed[0]) < STEPS, host_logs(workdir)[-3000:]
+  reference = {json.loads((d / "cell.json").read_text())["config_hash"]: d for d in cell_dirs(uninterrupted)}
+  same = reference[json.loads((workdir / "cell.json").read_text())["config_hash"]]
+  digest = lambda d: json.loads((d / "result.json").read_text())["state_sha256"]
+  assert digest(workdir) == digest(same) is not None
