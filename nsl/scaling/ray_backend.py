@@ -75,9 +75,10 @@ def tpu_type(slice_type: str):
 def head_resource(slice_type: str) -> str:
   """The resource Ray puts on host 0 of a slice: TPU-<Cloud's accelerator type>-head."""
   tpu = tpu_type(slice_type)
-  if tpu and tpu[0].name == "v5e":  # Cloud (and so Ray) calls v5e slices v5litepod-N
-    return f"TPU-v5litepod-{slice_type.rsplit('-', 1)[1]}-head"
-  return f"TPU-{slice_type}-head"
+  if tpu is None:
+    return f"TPU-{slice_type}-head"
+  g, chips, _ = tpu  # Cloud's name, whichever way the cell wrote it; v5e slices are v5litepod-N there
+  return f"TPU-{'v5litepod' if g.name == 'v5e' else g.name}-{chips * g.cores_per_name_unit}-head"
 
 
 def slice_hosts(slice_type: str, cell_hosts: int) -> int:

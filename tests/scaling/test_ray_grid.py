@@ -200,6 +200,7 @@ def test_slices_are_found_by_the_resources_ray_gives_tpu_vms_and_node_groups_by_
   assert slice_resource("n0", tpu, 2, "TPU-v4-16-head") == ("my-tpu", 2)
   assert (head_resource("v4-16"), slice_hosts("v4-16", 1)) == ("TPU-v4-16-head", 2)
   assert (head_resource("v5e-16"), slice_hosts("v5litepod-16", 1)) == ("TPU-v5litepod-16-head", 4)
+  assert head_resource("v5e:4x4") == "TPU-v5litepod-16-head" and head_resource("v5p:2x2x2") == "TPU-v5p-16-head"
   with pytest.raises(ConfigError, match="a v5p-16 slice has 2 hosts"):
     slice_hosts("v5p-16", 3)
   # two GPU node groups: a resource on every GPU node, a name per group; the slice is the group
