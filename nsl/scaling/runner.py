@@ -111,6 +111,7 @@ class Runner:
               self.backend.terminate(handle)
             continue
           del active[run_id]
+          update_status(self._dir(run_id), job=self.backend.describe(handle))  # where it ran, as it ended
           if self._finish(cell, rc, lock, t0, failures, preemptions) == "retry":
             queue.append(cell)
         if active or queue:

@@ -10,8 +10,8 @@ for a local W, or kept in a local file and uploaded every `--upload_seconds` and
 "slice0-host1"), so a failed cell's error tail says where it came from.
 
 The task ignores SIGINT (the runner turns Ctrl-C into SIGTERM), forwards SIGTERM to PROGRAM (the
-launcher checkpoints and exits "preempted"), gets SIGTERM itself when its parent dies (Linux), and
-exits with PROGRAM's status.
+launcher checkpoints and exits "preempted") and SIGKILLs it if it has not exited `--grace_seconds`
+later, gets SIGTERM itself when its parent dies (Linux), and exits with PROGRAM's status.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ class _Uploader(threading.Thread):
       self.push()
 
 
-def run(workdir: str, name: str, argv: list[str], upload_seconds: float = 15.0) -> int:
+def run(workdir: str, name: str, argv: list[str], upload_seconds: float = 15.0,
+        grace_seconds: float = 300.0) -> int:
   remote = storage.is_remote(workdir)
   target = log_path(storage.resolve(workdir), name)
   if remote:
@@ -78,7 +79,13 @@ def run(workdir: str, name: str, argv: list[str], upload_seconds: float = 15.0) 
                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
     except OSError as e:
       raise ConfigError(f"cannot start {argv[0]!r} ({e.strerror})") from None
-  forward = lambda signum, frame: proc.poll() is None and proc.send_signal(signal.SIGTERM)
+  def forward(signum, frame):
+    """SIGTERM to the trainer (it checkpoints and exits), SIGKILL if it has not after the grace:
+    a save that needs a lost peer's collective would otherwise hang, orphaned."""
+    if proc.poll() is None:
+      proc.send_signal(signal.SIGTERM)
+      threading.Timer(grace_seconds, lambda: proc.poll() is None and proc.kill()).start()
+
   signal.signal(signal.SIGTERM, forward)
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   uploader = _Uploader(local, target, upload_seconds) if remote else None
@@ -103,11 +110,13 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--workdir", required=True, help="the cell's run directory (local or gs://)")
   p.add_argument("--name", required=True, help="this worker's name: its log is WORKDIR/logs/NAME.log")
   p.add_argument("--upload_seconds", type=float, default=15.0, help="how often a gs:// log is copied up")
+  p.add_argument("--grace_seconds", type=float, default=300.0,
+                 help="after SIGTERM, how long the program has to checkpoint and exit before SIGKILL")
   args = p.parse_args(head)
   if not sep or not program:
     raise ConfigError("nsl.scaling.task: give the program after --, e.g. -- python -m nsl.launch ...")
   _die_with_parent()
-  return run(args.workdir, args.name, program, args.upload_seconds)
+  return run(args.workdir, args.name, program, args.upload_seconds, args.grace_seconds)
 
 
 if __name__ == "__main__":
