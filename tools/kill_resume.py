@@ -5,7 +5,8 @@ The run is the issue #42 config: configs/tiny.py at d_model 64, 2 layers, 64-tok
 40 steps, an asynchronous checkpoint every 2 steps, on the byte-tokenized embedded corpus. One
 uninterrupted reference run, then per trial a fresh run SIGKILLed (its whole process group) either
 after a random step was logged or the moment an asynchronous save starts writing after a random
-step, and the same command again to the end. A trial passes when the resumed run's result.json
+step (the save still unfinished after the kill, else the next save of the resumed run is tried),
+and the same command again to the end. A trial passes when the resumed run's result.json
 (its `state_sha256` digest of parameters and optimizer state included) and every metrics line equal
 the reference's, timings aside. Before the trials the train step is lowered here and must call the
 C++ CPU kernels (attention forward and backward, the head and its loss), so the check cannot
@@ -112,6 +113,25 @@ def _kill_when(proc: subprocess.Popen, ready) -> bool:
   return True
 
 
+def _kill_mid_save(args, workdir: str, proc: subprocess.Popen) -> str | None:
+  """SIGKILLs the run the moment a save begins that was not in flight before (a kill's leftover
+  is none), and returns that save's directory once, the process dead, it is still unfinished and
+  its step is no finished checkpoint. A save that committed between the poll and the kill would
+  make the trial a kill after a save, so it is tried again on the resumed run, at most 3 times.
+  None when the run ends first."""
+  for _ in range(3):
+    left = _in_flight(workdir)
+    if not _kill_when(proc, lambda: bool(_in_flight(workdir) - left)):
+      return None
+    cut = [d for d in sorted(_in_flight(workdir) - left)
+           if int(os.path.basename(d).split(".")[0]) not in _checkpoints(workdir)]
+    if cut:
+      return os.path.basename(cut[0])
+    print("  the save committed before the kill landed; killing the resumed run's next save", flush=True)
+    proc = _launch(args, workdir)
+  return None
+
+
 def _outcome(workdir: str) -> tuple[dict, list[dict]]:
   """result.json and metrics.jsonl without their timing fields."""
   with open(os.path.join(workdir, "result.json")) as f:
@@ -126,17 +146,16 @@ def _trial(args, rng: random.Random, i: int, reference) -> bool | None:
   during_save = rng.random() < args.save_fraction
   step = rng.randint(1, args.steps - 3)
   proc = _launch(args, workdir)
-  if during_save:  # after `step`, at the next save's first write
-    killed = _wait_for(proc, lambda: step in _train_steps(workdir))
-    left = _in_flight(workdir)  # a save already in flight, or one a kill left behind
-    killed = killed and _kill_when(proc, lambda: bool(_in_flight(workdir) - left))
+  if during_save:  # after `step`, at the next save's first write, proven unfinished after the kill
+    cut = _wait_for(proc, lambda: step in _train_steps(workdir)) and _kill_mid_save(args, workdir, proc)
+    killed = bool(cut)
   else:
     killed = _kill_when(proc, lambda: step in _train_steps(workdir))
   if not killed:
     print(f"trial {i}: the run ended before the kill; not counted", flush=True)
     return None
   done, saved = max(_train_steps(workdir), default=0), _checkpoints(workdir)
-  how = f"during an async save after step {done}" if during_save else f"after step {done}"
+  how = f"during an async save after step {done} (left unfinished: {cut})" if during_save else f"after step {done}"
   _finish(_launch(args, workdir), f"trial {i}'s resumed run")
   result, metrics = _outcome(workdir)
   same = (result, metrics) == reference

@@ -25,7 +25,7 @@ from nsl.errors import NslError
 from nsl.models.transformer import StandardFamily
 from nsl.train import loop
 from tests.helpers import ROOT, SUBPROCESS_XLA_FLAGS, make_corpus
-from tests.train import bitwise
+from tests.train import bitwise, kills
 from tests.train.bitwise import kernel_config
 
 
@@ -349,14 +349,14 @@ def _kill_when(proc, ready, what, timeout=300):
     assert proc.poll() is None, f"the run ended before {what}: {proc.stdout.read().decode()[-3000:]}"
     assert time.time() < deadline, f"no {what} within {timeout} s"
     time.sleep(0.005)
-  os.killpg(proc.pid, signal.SIGKILL)
-  proc.wait()
+  kills.kill_group(proc)
 
 
 @pytest.mark.slow
 def test_sigkill_mid_training_and_during_an_async_save_resumes_to_the_same_bits(data_dir, tmp_path):
-  """Killed at a random step, restarted, killed again while an asynchronous save is being written,
-  restarted to the end: the final state, metrics and evaluation equal an uninterrupted run's."""
+  """Killed at a random step, restarted, killed again while an asynchronous save is being written
+  (proven after the kill: tests/train/kills.py), restarted to the end: the final state, metrics
+  and evaluation equal an uninterrupted run's."""
   overrides = {"train.steps": 10, "checkpoint.every": 2, "checkpoint.async_save": True, "train.eval_every": 5}
   cfg = _cfg_file(tmp_path, data_dir, overrides)
   reference = tmp_path / "reference"
@@ -367,12 +367,12 @@ def test_sigkill_mid_training_and_during_an_async_save_resumes_to_the_same_bits(
   metrics = run / "metrics.jsonl"
   logged = lambda: metrics.exists() and f'"step": {step},' in metrics.read_text()  # a train line
   _kill_when(_launch(cfg, run), logged, f"step {step}")
-  in_flight = lambda: set(glob.glob(str(run / "checkpoints" / "*tmp*")))  # Orbax's unfinished step directories
-  left = in_flight()  # by the first kill
-  _kill_when(_launch(cfg, run), lambda: bool(in_flight() - left), "an asynchronous save")
+  unfinished, finalized = kills.local_saves(run / "checkpoints")
+  cut = kills.kill_during_save(lambda: _launch(cfg, run), unfinished, finalized)
+  assert (run / "checkpoints" / cut).is_dir() and not (run / "checkpoints" / cut.split(".")[0]).exists()
   proc = _launch(cfg, run)
   out = proc.communicate(timeout=600)[0].decode()
   assert proc.returncode == 0, out[-3000:]
   assert bitwise.result(run)["status"] == "done"
-  assert bitwise.result(run) == bitwise.result(reference), f"killed at step {step}"
+  assert bitwise.result(run) == bitwise.result(reference), f"killed at step {step}, then during the save {cut}"
   assert bitwise.metrics(run) == bitwise.metrics(reference)
