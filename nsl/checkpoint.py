@@ -55,6 +55,21 @@ def global_data_state(data_iterator) -> dict[str, Any]:
   return state
 
 
+class _DiskFullLogs(logging.Filter):
+  """Drops Orbax's absl ERROR records of a full disk: its background save threads log each failure
+  with a traceback (four of them, ~300 lines) before the save's error reaches nsl, which reports
+  it in one line naming the directory and the bytes (`Checkpointer.wait`). Other records pass."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    if exc is not None and disk_full_cause(exc) is not None:
+      return False
+    return "No space left on device" not in record.getMessage()
+
+
+logging.getLogger("absl").addFilter(_DiskFullLogs())
+
+
 class Checkpointer:
   def __init__(self, directory: str, keep: int, async_save: bool = True):
     self.directory = storage.resolve(directory)  # a local directory or gs://bucket/...
