@@ -6,13 +6,13 @@ tokenizer (the copy in RUN_DIR/tokenizer, `nsl.data.rundata`; a run recorded wit
 data directory; or `--data`), the continuation goes to stdout and the counts to stderr. Decoding
 stops at the end-of-document token unless `--ignore_eos`.
 
-Every family that decodes runs its own cached decoder (docs/guide/decoding.md#generate): the
-standard trunk, SPS, NextLat and MTP through the shared KV cache (`nsl.decode`: one prefill, then
-one compiled step per token, each token printed as it comes), the double decoder through
-`nsl.models.dd_decode` (the prompt as context, the continuation as one block, token by token).
-LIFT's own-state decoder and NextLat's self-speculative rounds (`--speculative`,
-docs/papers/nextlat.md#speculative-decoding) are one compiled loop each: their text is printed
-when the loop ends. Sampling is `nsl.decode.sample` at temperature T after `nsl.decode.truncate`
+Every family that decodes runs its own cached decoder, asked for through its `Decoder`
+(nsl/models/decoder.py, docs/guide/decoding.md#generate): one prefill, then one compiled step per
+token, each token printed as it comes (the standard trunk, SPS, NextLat and MTP through the shared
+KV cache `nsl.decode`; the double decoder with the prompt as context and the continuation as one
+block), or one compiled loop whose text is printed when it ends (LIFT's own-state decoder; the
+self-speculative rounds of a decoder with a draft model, `--speculative`,
+docs/papers/nextlat.md#speculative-decoding). Sampling is `nsl.decode.sample` at temperature T after `nsl.decode.truncate`
 (top-k, then top-p); temperature 0 is greedy, the same tokens as `Family.generate`.
 """
 
@@ -25,9 +25,10 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from nsl import decode
-from nsl.errors import ArgumentParser, ConfigError, NslError, cli_main
+from nsl.errors import ArgumentParser, ConfigError, cli_main
 
 
 def parse_args(argv):
@@ -97,87 +98,37 @@ def draw(logits_BV, key, temperature: float, top_k: int, top_p: float):
   return decode.sample(decode.truncate(logits_BV / temperature, top_k, top_p), key, 1.0)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
-def _trunk_step(dims, plan, lp, cache, token_B, index):
-  return decode.decode_step(dims, plan, lp, cache, token_B, index)
-
-
-def trunk_stream(family, params, prompt_1N, new: int):
-  """The shared KV-cache decoder (`nsl.decode`) a token at a time: yields each step's logits [1, V]
-  and takes the token drawn from them (generator `send`)."""
-  dims, plan = family.dims, family.slot_plan()
-  n = prompt_1N.shape[1]
-  logits, cache = decode.prefill_jit(dims, plan, params, prompt_1N, n + new)
-  # The token loop's form (nsl.decode.decode_loop): per-layer weights and K/V, made once.
-  lp = jax.jit(decode.token_loop_params, static_argnums=0)(dims, params)
-  cache = cache.per_layer()
+def token_stream(decoder, params, prompt_1N, new: int):
+  """A decoder's prefill and step (`nsl.models.decoder.Decoder`) a token at a time: yields each
+  step's logits [1, V] and takes the token drawn from them (generator `send`)."""
+  logits, state = decoder.prefill(params, prompt_1N, new)
   for k in range(new):
     token = yield logits
     if k + 1 < new:
-      logits, cache = _trunk_step(dims, plan, lp, cache, token, jnp.int32(n + k))
-
-
-def dd_stream(family, params, prompt_1N, new: int):
-  """The double decoder's cached decoder (`nsl.models.dd_decode`: the prompt as context, the new
-  tokens one block) a token at a time, as `trunk_stream`."""
-  import jax
-
-  from nsl.models import dd_decode
-
-  if prompt_1N.shape[1] < 2:
-    raise NslError("the double decoder needs a prompt of at least 2 tokens (context, then the block's first)")
-  model = family.model
-  logits, cache = dd_decode.prefill(model, params, prompt_1N, new)
-  n_cross = cache["cross_v"].shape[-2]
-
-  def gen_step(params, cache, self_cache, tok, index):
-    split = lambda a: tuple(a[i] for i in range(a.shape[0]))
-    return model.apply({"params": params}, tok, index, split(cache["cross_k"]), split(cache["cross_v"]), n_cross,
-                       self_cache, cache["start"], method="gen_step")
-
-  step = jax.jit(gen_step, donate_argnums=2)
-  self_cache = cache["self"].per_layer()
-  for k in range(new):
-    token = yield logits
-    if k + 1 < new:
-      logits, self_cache = step(params, cache, self_cache, token, cache["start"] + 1 + k)
+      logits, state = decoder.step(params, state, token, k)
 
 
 def stream(family, params, prompt, args, printer: Printer) -> dict:
-  """Generates and prints; returns the counts."""
-  import numpy as np
+  """Generates with the family's decoder and prints; returns the counts."""
+  from nsl.models import decoder as decoders
 
-  from nsl.models.double_decoder import DoubleDecoderFamily
-
+  decoder = decoders.require(family, "nsl.generate")
   prompt_1N = jnp.asarray([prompt], jnp.int32)
   rng = jax.random.PRNGKey(args.seed)
-  new = args.max_new_tokens
   start = time.perf_counter()
   if args.speculative:
     from nsl import speculative
 
-    if not family.drafts_with_dynamics:
-      raise ConfigError(f"--speculative needs a NextLat run (a latent dynamics model drafts the tokens); this run is "
-                        f"family {family.name!r}")
-    tokens, stats = speculative.Decoder(family, params, args.draft_len, args.temperature).generate_speculative(
-        prompt, new, rng)
+    tokens, stats = speculative.drafter(family)(params, args.draft_len, args.temperature).generate_speculative(
+        prompt, args.max_new_tokens, rng)
     extra = {"rounds": stats["rounds"], "mean_tokens_per_round": float(np.mean(np.asarray(stats["accepted"]) + 1))}
-  elif family.decodes_with_trunk or isinstance(family, DoubleDecoderFamily):
-    gen = (trunk_stream if family.decodes_with_trunk else dd_stream)(family, params, prompt_1N, new)
-    logits, keys, emitted = next(gen), jax.random.split(rng, new), 0
-    for k in range(new):
-      token = draw(logits, keys[k], args.temperature, args.top_k, args.top_p)
-      emitted += 1
-      if not printer.add(int(token[0])):
-        break
-      if k + 1 < new:
-        logits = gen.send(token)
-    printer.close()
+  elif decoder.streams:
+    emitted = _print_stream(decoder, params, prompt_1N, args, rng, printer)
     return {"new_tokens": emitted, "seconds": time.perf_counter() - start}
-  else:  # one compiled loop (LIFT's own-state decoder): the family's generate, printed at the end
+  else:  # one compiled loop (LIFT's own-state decoder): printed when it ends
     if args.top_k or args.top_p < 1:
       raise ConfigError(f"family {family.name!r} decodes in one compiled loop without top-k/top-p; drop them")
-    tokens = family.generate(params, prompt_1N, new, temperature=args.temperature, rng=rng)[0][0]
+    tokens = decoder.generate(params, prompt_1N, args.max_new_tokens, temperature=args.temperature, rng=rng)[0][0]
     extra = {}
   emitted = 0
   for t in np.asarray(tokens).tolist():
@@ -186,6 +137,22 @@ def stream(family, params, prompt, args, printer: Printer) -> dict:
       break
   printer.close()
   return {"new_tokens": emitted, "seconds": time.perf_counter() - start, **extra}
+
+
+def _print_stream(decoder, params, prompt_1N, args, rng, printer: Printer) -> int:
+  """Draws and prints each token as the decoder's step gives it; the number emitted."""
+  new = args.max_new_tokens
+  gen = token_stream(decoder, params, prompt_1N, new)
+  logits, keys, emitted = next(gen), jax.random.split(rng, new), 0
+  for k in range(new):
+    token = draw(logits, keys[k], args.temperature, args.top_k, args.top_p)
+    emitted += 1
+    if not printer.add(int(token[0])):
+      break
+    if k + 1 < new:
+      logits = gen.send(token)
+  printer.close()
+  return emitted
 
 
 @cli_main

@@ -29,21 +29,6 @@ import numpy as np
 
 from nsl.errors import ArgumentParser, ConfigError, NslError, cli_main
 
-# Why a family has no Hugging Face architecture (export refuses its runs with this line).
-NO_HF_ARCHITECTURE = {
-    "sps": "an SPS model reads each token out at a learned <predict> slot with its own attention rule "
-           "(two slots per token); no transformers architecture has that layout",
-    "double_decoder": "the double decoder is two decoders (context and generation) merged by log-sum-exp "
-                      "over blocks; no transformers architecture has that form",
-    "sed": "SED is a span-corruption encoder-decoder with nsl's block masks; transformers' encoder-decoders "
-           "(T5, BART) have other layers and masks",
-    "lift": "LIFT fuses each token's embedding with a fed-back next-token distribution (a state channel); "
-            "Llama has no such input",
-    "nextlat": "NextLat's trunk is Llama-like but its output head and latent dynamics model have no place in "
-               "LlamaForCausalLM, and its self-speculative decoding needs them",
-    "mtp": "multi-token prediction adds extra heads that LlamaForCausalLM cannot hold",
-}
-
 # config.model fields that do not change the function the parameters compute (how it is computed,
 # stored or initialised), and the ones this module maps or checks. Anything else is refused.
 _FUNCTION_FREE = {"variant", "init_std", "dtype", "remat", "scan_layers", "attention_impl", "attention_chunk",
@@ -68,11 +53,11 @@ def require_safetensors():
 
 
 def check_exportable(config) -> None:
-  """ConfigError (one line) unless `config` is a standard model LlamaForCausalLM holds exactly."""
-  family = str(config.family)
-  if family != "standard":
-    why = NO_HF_ARCHITECTURE.get(family, "only the standard family maps onto LlamaForCausalLM")
-    raise ConfigError(f"family {family!r} has no Hugging Face architecture: {why}; nsl.hf exports standard runs")
+  """ConfigError (one line) unless `config` is a model LlamaForCausalLM holds exactly: its family
+  maps onto that architecture (`Family.hugging_face`, which says why not) and its fields do."""
+  architecture = _family_class(config).hugging_face()
+  if architecture != "LlamaForCausalLM":
+    raise ConfigError(f"family {config.family!r} maps onto {architecture}; nsl.hf converts LlamaForCausalLM")
   m = config.model
   unknown = sorted(set(m.keys()) - _FUNCTION_FREE - _MAPPED)
   if unknown:
@@ -89,6 +74,12 @@ def check_exportable(config) -> None:
   if m.get("window") is not None:
     raise ConfigError(f"config.model.window={m.window}: LlamaForCausalLM attends to every earlier token (no "
                       "sliding window); export a run with window None")
+
+
+def _family_class(config):
+  from nsl.models import registry
+
+  return registry.get_family_class(config.family)
 
 
 def llama_config(config, eos_id: int | None) -> dict:
@@ -115,9 +106,7 @@ def llama_config(config, eos_id: int | None) -> dict:
 
 def check_importable(hf: dict, config, where: str) -> None:
   """NslError (one line) unless the HF Llama config `hf` is the architecture of nsl's `config`."""
-  if str(config.family) != "standard":
-    raise ConfigError(f"--config is family {config.family!r}; a Llama checkpoint imports into a standard config")
-  check_exportable(config)
+  check_exportable(config)  # the config's family maps onto Llama, or one line says why not
   if hf.get("model_type") != "llama":
     raise NslError(f"{where}: model_type={hf.get('model_type')!r}; nsl.hf imports Llama checkpoints")
   heads = hf.get("num_attention_heads")

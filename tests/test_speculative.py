@@ -6,6 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from nsl.errors import ConfigError
+
 from configs import nextlat as nextlat_configs
 from nsl import decode, speculative
 from nsl.models import registry
@@ -90,5 +92,7 @@ def test_needs_dynamics():
   c = nextlat_configs.get_config("nextlat_tiny")
   c.model.variant = "gpt"
   fam = registry.get_family(c)
-  with pytest.raises(ValueError, match="dynamics"):
-    speculative.Decoder(fam, {}, draft_len=2)
+  assert fam.decoder().speculative is None  # its decoder has no draft model to offer
+  with pytest.raises(ConfigError, match="dynamics") as err:
+    speculative.drafter(fam)
+  assert "\n" not in str(err.value) and "'nextlat'" in str(err.value)

@@ -73,3 +73,26 @@ def compare(dd_config, decoder_only_config, *, batch: int = 4, prompt_len: int =
                "decode_tokens_per_s": dd["decode_tokens_per_s"] / do["decode_tokens_per_s"],
                "prefill_s": dd["prefill_s"] / do["prefill_s"]})
   return rows
+
+
+def bench(base, args) -> int:
+  """Double decoder vs decoder-only at matched size (the same layers in one causal stack):
+  KV-cache bytes and decode tokens/s side by side (`compare`); the double
+  decoder's `Decoder.bench`, run by `python -m nsl.bench.decode`.."""
+  import copy
+  import json
+
+  from nsl import config as nsl_config
+
+  decoder_only = copy.deepcopy(base)
+  decoder_only.family, decoder_only.model.variant = "standard", "standard"
+  for c in (base, decoder_only):
+    c.data.seq_len = max(c.data.seq_len, args.prompt_len + args.new_tokens)
+    nsl_config.validate(c)
+  rows = compare(base, decoder_only, batch=args.batch, prompt_len=args.prompt_len,
+                           new_tokens=args.new_tokens, repeats=args.repeats)
+  for row in rows:
+    row["setup"] = {"config": args.config, "platform": jax.default_backend(), "batch": args.batch,
+                    "prompt_len": args.prompt_len, "new_tokens": args.new_tokens}
+    print(json.dumps(row), flush=True)
+  return 0

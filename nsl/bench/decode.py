@@ -23,28 +23,28 @@ speed and memory do not depend on the weights), a batch of `--batch` random prom
 
 Model-size and window overrides take the launcher's form: `--config.model.window=64`.
 
-Other families: a `double_decoder` config is compared with decoder-only at matched size (KV-cache
-bytes and decode tokens/s, `nsl.bench.dd_decode.compare`); a `nextlat` config compares plain and
-self-speculative decoding (tokens/s, mean accepted tokens per draft; `--workdir=RUN` for a
-trained model, whose validation rows give the prompts: for a planning task, `--prompt_len` = the
-task's prompt length and `--new_tokens` = its answer length decode exactly the answers).
-`--draft_lens=2,4,6,8` sweeps the draft length in one run (fixed draft lengths 2-10,
-docs/papers/nextlat.md#speculative-decoding): per length a `plain` and a `speculative` line measured side by side (plain and
-speculative alternating prompt by prompt), then one `sweep` line with the tokens per draft and
-the speed-up against plain decoding for every length, and whether every greedy speculative
-output equalled plain greedy decoding. `--temperature=T` samples instead (Leviathan acceptance;
-greedy text of a small model loops, and loops draft easily: every line carries the plain
-outputs' `distinct_token_fraction`). A `lift` config times LIFT's own-state feedback decode, its
-variant and `lift_no_states` side by side (every prompt token is a sequential step there: the
-state fed to a position comes from the previous position's logits). Every family's lines carry
-`first_call_s`, the first prefill + decode with its compiles. Other configs (sed: no
-left-to-right decoder; mtp and nextlat's gpt variant: the standard trunk, time a standard config)
-are a one-line error, exit status 2.
+Other families: what the config's family decoder offers decides (`nsl.models.decoder.Decoder`).
+A decoder with a draft model (NextLat's) compares plain and self-speculative decoding
+(tokens/s, mean accepted tokens per draft; `--workdir=RUN` for a trained model, whose validation
+rows give the prompts: for a planning task, `--prompt_len` = the task's prompt length and
+`--new_tokens` = its answer length decode exactly the answers). `--draft_lens=2,4,6,8` sweeps the
+draft length in one run (fixed draft lengths 2-10, docs/papers/nextlat.md#speculative-decoding):
+per length a `plain` and a `speculative` line measured side by side (plain and speculative
+alternating prompt by prompt), then one `sweep` line with the tokens per draft and the speed-up
+against plain decoding for every length, and whether every greedy speculative output equalled
+plain greedy decoding. `--temperature=T` samples instead (Leviathan acceptance; greedy text of a
+small model loops, and loops draft easily: every line carries the plain outputs'
+`distinct_token_fraction`). A decoder with its own `bench` runs it: the variant table above for
+the standard and SPS families, the double decoder beside decoder-only at matched size
+(`nsl.bench.dd_decode`: KV-cache bytes and decode tokens/s), LIFT's own-state feedback decode
+beside `lift_no_states` (`nsl.bench.lift_decode`: every prompt token is a sequential step there).
+Every family's lines carry `first_call_s`, the first prefill + decode with its compiles. A family
+without a decoder (sed), or whose decoder is the shared trunk with nothing to compare (mtp,
+nextlat's gpt variant: time a standard config), is a one-line error, exit status 2.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import statistics
 import sys
@@ -103,21 +103,6 @@ def _parse(argv):
   return args, overrides
 
 
-def variant_config(base, variant: str, window: int | None, layout: str | None = None):
-  from nsl.models import sps
-
-  c = copy.deepcopy(base)
-  c.family = "sps"
-  c.model.variant = variant
-  if layout is not None:  # else the config's, or sps.DEFAULT_LAYOUT when it names none
-    c.model.layout = layout
-  if variant in ("standard", "twox_memory"):
-    c.model.window = None
-  else:
-    c.model.window = window if window is not None else (base.model.window if base.model.window is not None else 64)
-  return c
-
-
 def prepare_variant(config, args) -> dict:
   """Builds, compiles and warms one variant; returns its timing closures and static figures."""
   import flax.linen as nn
@@ -155,7 +140,7 @@ def prepare_variant(config, args) -> dict:
       "first_call_s": round(first_call, 3), "compile_s": compile_s | {"total": round(sum(compile_s.values()), 3)},
       "kv_cache_bytes": kv["total"], "kv_cache_detail": kv,
       "kv_cache_slots_per_row_layer": cache.size,
-      "expected_kv_vs_standard": _expected_ratio(config.model.variant, total, plan.ring_size),
+      "expected_kv_vs_standard": _expected_ratio(plan, total),
   }
   if compiled is not None:
     rec["decode_compiled_bytes"] = int(compiled.argument_size_in_bytes + compiled.output_size_in_bytes
@@ -168,6 +153,7 @@ def prepare_variant(config, args) -> dict:
       "prefill": lambda: decode.prefill_jit(dims, plan, params, prompt, total),
       "decode": lambda: decode.decode_loop(dims, plan, params, cache, logits, args.new_tokens, greedy, start, rng),
       "times": {"prefill": [], "decode": []},
+      "single_slot": plan.group == 1,  # one persistent slot per token: the standard model
   }
 
 
@@ -187,27 +173,44 @@ def finish(entry, args) -> dict:
   return rec
 
 
-def _expected_ratio(variant: str, total: int, window: int) -> float:
-  if variant == "standard":
-    return 1.0
-  if variant == "twox_memory":
-    return 2.0
-  return (total + window) / total
+def _expected_ratio(plan, total: int) -> float:
+  """KV slots per row and layer over the standard model's T: a persistent slot per token for each
+  persistent kind of the plan, the ring's w for each temporary one."""
+  from nsl.nn import masks
+
+  persistent = sum(k == masks.PERSISTENT for k in plan.kinds)
+  return (persistent * total + (len(plan.kinds) - persistent) * plan.ring_size) / total
 
 
 @cli_main
 def main(argv=None) -> int:
+  """What the config's family decoder offers decides the comparison (`nsl.models.decoder.Decoder`):
+  a draft model, plain against self-speculative decoding; the family's own `bench`; else none."""
   args, overrides = _parse(sys.argv[1:] if argv is None else argv)
   from nsl import config as nsl_config
+  from nsl.models import decoder as decoders, registry
 
   base = nsl_config.load_config(args.config, overrides)
-  if base.family in OTHER_FAMILIES:
-    return OTHER_FAMILIES[base.family](base, args)
-  if base.family not in ("standard", "sps"):
-    why = {"sed": "SED is a span-corruption encoder-decoder, with no left-to-right decoder",
-           "mtp": "MTP decodes with the standard trunk: time a standard config of its sizes"}.get(base.family, "")
-    raise ConfigError(f"nsl.bench.decode times standard / sps (the SPS variants side by side), double_decoder, "
-                      f"nextlat and lift configs, not config.family={base.family!r}" + (f" ({why})" if why else ""))
+  family = registry.get_family(base)
+  decoder = decoders.require(family, "nsl.bench.decode")
+  if decoder.speculative is not None:
+    return _speculative(base, args, family)
+  if decoder.bench is not None:  # "module:function" of the family's own comparison
+    import importlib
+
+    module, function = decoder.bench.split(":")
+    return getattr(importlib.import_module(module), function)(base, args)
+  raise ConfigError(f"nsl.bench.decode has no comparison for family {family.name!r} variant "
+                    f"{base.model.variant!r}: plain against self-speculative decoding needs a dynamics model, which "
+                    "it has not, and it decodes with the shared standard trunk (time a standard config of its sizes)")
+
+
+def slot_variants(base, args) -> int:
+  """The standard and SPS families' benchmark: the SPS variants of the config's model side by
+  side (the module docstring), round-robin."""
+  from nsl import config as nsl_config
+  from nsl.models import sps
+
   setup = {"config": args.config, "platform": jax.default_backend(), "device": jax.devices()[0].device_kind,
            "jax": jax.__version__, "d_model": base.model.d_model, "n_layers": base.model.n_layers,
            "n_heads": base.model.n_heads, "vocab_size": base.model.vocab_size,
@@ -216,7 +219,7 @@ def main(argv=None) -> int:
                      "decode = one scan over the new tokens"}
   entries = {}
   for variant in args.variants:
-    config = variant_config(base, variant, args.window, args.layout)
+    config = sps.variant_config(base, variant, args.window, args.layout)
     config.data.seq_len = max(config.data.seq_len, args.prompt_len + args.new_tokens)
     nsl_config.validate(config)
     entries[variant] = prepare_variant(config, args)
@@ -224,51 +227,35 @@ def main(argv=None) -> int:
     for entry in entries.values():
       for phase in ("prefill", "decode"):
         entry["times"][phase].append(_timed(entry[phase]))
-  standard = None
-  for variant, entry in entries.items():
+  _compare(entries, args, setup)
+  return 0
+
+
+def _compare(entries, args, setup) -> None:
+  """Prints each variant's line, with its ratios to the standard model's (the variant of one slot
+  per token) once that one is timed."""
+  standard = reference = None
+  for entry in entries.values():
     rec = finish(entry, args)
-    if variant == "standard":
-      standard = rec
+    if entry["single_slot"] and standard is None:
+      standard, reference = rec, entry
     if standard is not None:
       rec["kv_cache_vs_standard"] = rec["kv_cache_bytes"] / standard["kv_cache_bytes"]
       rec["decode_speed_vs_standard"] = rec["decode_tokens_per_sec"] / standard["decode_tokens_per_sec"]
       # the same ratio round by round (the two runs of a round are adjacent, so they share the
       # machine's load): steadier on a shared host than the ratio of two best times
-      rounds = [s / t for s, t in zip(entries["standard"]["times"]["decode"], entry["times"]["decode"])]
+      rounds = [s / t for s, t in zip(reference["times"]["decode"], entry["times"]["decode"])]
       rec["decode_speed_vs_standard_by_round"] = [round(r, 4) for r in rounds]
       rec["decode_speed_vs_standard_median"] = statistics.median(rounds)
       rec["prefill_speed_vs_standard"] = rec["prefill_tokens_per_sec"] / standard["prefill_tokens_per_sec"]
     rec["setup"] = setup
     print(json.dumps(rec), flush=True)
-  return 0
 
 
-def _double_decoder(base, args) -> int:
-  """Double decoder vs decoder-only at matched size (the same layers in one causal stack):
-  KV-cache bytes and decode tokens/s side by side (`nsl.bench.dd_decode.compare`)."""
-  from nsl import config as nsl_config
-  from nsl.bench import dd_decode
-
-  decoder_only = copy.deepcopy(base)
-  decoder_only.family, decoder_only.model.variant = "standard", "standard"
-  for c in (base, decoder_only):
-    c.data.seq_len = max(c.data.seq_len, args.prompt_len + args.new_tokens)
-    nsl_config.validate(c)
-  rows = dd_decode.compare(base, decoder_only, batch=args.batch, prompt_len=args.prompt_len,
-                           new_tokens=args.new_tokens, repeats=args.repeats)
-  for row in rows:
-    row["setup"] = {"config": args.config, "platform": jax.default_backend(), "batch": args.batch,
-                    "prompt_len": args.prompt_len, "new_tokens": args.new_tokens}
-    print(json.dumps(row), flush=True)
-  return 0
-
-
-def _nextlat(base, args) -> int:
+def _speculative(base, args, family) -> int:
   """Plain vs self-speculative decoding (`speculative_sweep`) for each of `--draft_lens`."""
   import flax.linen as nn
   import numpy as np
-
-  from nsl.models import registry
 
   if args.workdir:
     from nsl.data import pipeline
@@ -279,15 +266,10 @@ def _nextlat(base, args) -> int:
     prompts = [np.asarray(row[:args.prompt_len], np.int32) for row in batch["tokens"]]
     weights = args.workdir
   else:
-    family = registry.get_family(base)
     params = None
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, base.model.vocab_size, args.prompt_len).astype(np.int32) for _ in range(args.batch)]
     weights = "random (pass --workdir=RUN for a trained model: acceptance depends on the weights)"
-  if not family.drafts_with_dynamics:
-    raise ConfigError(f"nsl.bench.decode on a nextlat config compares plain and self-speculative decoding, which "
-                      f"needs a dynamics model; variant {family.config.model.variant!r} has none (its trunk decodes "
-                      "as a standard model: time a standard config of its sizes)")
   if params is None:
     params = nn.unbox(jax.jit(family.init)(jax.random.PRNGKey(base.seed)))
   for row in speculative_sweep(family, params, prompts, args.new_tokens, args.draft_lens, args.temperature):
@@ -317,56 +299,6 @@ def speculative_sweep(family, params, prompts, new_tokens: int, draft_lens=None,
     rows.append({"mode": "sweep", "draft_lens": [s["draft_len"] for s in sweep], "points": sweep,
                  "greedy_match": None if temperature else all(s["greedy_match"] for s in sweep), "setup": setup})
   return rows
-
-
-def _lift(base, args) -> int:
-  """LIFT's own-state feedback decode (`LiftFamily.generate`: the prompt's tokens fed one by one,
-  each position fed the state of the previous one's logits, then the argmax tokens), for the
-  config's variant and, side by side, `lift_no_states` (the same trunk fed b: what computing the
-  states costs). The first call (`compile_s`: its tracing, lowering and XLA compile), then the
-  best of `--repeats`."""
-  import flax.linen as nn
-
-  from nsl.models import lift, registry
-
-  prompt = jnp.asarray(np.random.default_rng(0).integers(1, base.model.vocab_size, (args.batch, args.prompt_len)),
-                       jnp.int32)
-  positions = args.batch * (args.prompt_len + args.new_tokens)
-  entries = []
-  for variant in dict.fromkeys((base.model.variant, "lift_no_states")):
-    config = copy.deepcopy(base)
-    config.model.variant = variant
-    config.data.seq_len = max(config.data.seq_len, args.prompt_len + args.new_tokens)
-    family = registry.get_family(config)
-    params = jax.jit(lambda r, f=family: nn.unbox(f.init(r)))(jax.random.PRNGKey(config.seed))
-    run = lambda f=family, p=params: f.generate(p, prompt, args.new_tokens)
-    t0 = time.perf_counter()
-    lift._generate.lower(family.dims, family.spec, family.model, params, prompt, args.new_tokens,
-                         family.decode_feed).compile()
-    compile_s = time.perf_counter() - t0
-    entries.append({"variant": variant, "run": run, "compile": compile_s, "first": compile_s + _timed(run),
-                    "times": []})
-  for _ in range(args.repeats):  # round-robin, so load drift hits both alike
-    for e in entries:
-      e["times"].append(_timed(e["run"]))
-  for e in entries:
-    best, med = min(e["times"]), statistics.median(e["times"])
-    print(json.dumps({
-        "bench": "decode", "family": "lift", "variant": e["variant"], "batch": args.batch,
-        "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "first_call_s": round(e["first"], 3),
-        "compile_s": round(e["compile"], 3),
-        "seconds": best, "seconds_median": med, "positions_per_sec": positions / best,
-        "new_tokens_per_sec": args.batch * args.new_tokens / best,
-        "vs_lift_no_states": min(entries[-1]["times"]) / best,
-        "setup": {"config": args.config, "platform": jax.default_backend(), "d_model": base.model.d_model,
-                  "n_layers": base.model.n_layers, "vocab_size": base.model.vocab_size, "repeats": args.repeats,
-                  "timing": "one compiled program per call; every prompt token is a sequential step "
-                            "(own-state feedback)"},
-    }), flush=True)
-  return 0
-
-
-OTHER_FAMILIES = {"double_decoder": _double_decoder, "nextlat": _nextlat, "lift": _lift}
 
 
 if __name__ == "__main__":

@@ -104,14 +104,17 @@ def write_result(result: dict, out: str, plot) -> dict:
 
 
 def forward_fn(family):
-  """(params, tokens [B, T+1], segment [B, T+1]) -> next-token logits [B, T, V]: `Family.token_logits`."""
-  return lambda p, tok, seg: family.token_logits(p, {"tokens": tok, "segment": seg})
+  """(params, tokens [B, T+1], segment [B, T+1], start [B]) -> next-token logits [B, T, V] of rows
+  whose inputs from `start` on continue a prompt: `Family.continuation_logits`."""
+  return lambda p, tok, seg, start: family.continuation_logits(p, {"tokens": tok, "segment": seg}, start)
 
 
 def make_scorer(family, config):
-  """The jitted (params, tokens [B, T+1], segment [B, T+1]) -> (log-probability of each next
-  token [B, T], whether it is the argmax [B, T]) that `nsl.evals.lm_eval_model.NslLM` batches requests through;
-  built once, it scores any parameters of the family's shapes without compiling again."""
+  """The jitted (params, tokens [B, T+1], segment [B, T+1], start [B]) -> (log-probability of each
+  next token [B, T], whether it is the argmax [B, T]) that `nsl.evals.lm_eval_model.NslLM` batches
+  requests through, the inputs of row b from start[b] on the continuation of a prompt (the last
+  context token; `Family.continuation_logits`); built once, it scores any parameters of the
+  family's shapes without compiling again."""
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
@@ -122,9 +125,9 @@ def make_scorer(family, config):
   forward = forward_fn(family)
 
   @jax.jit
-  def score(p, tok_BT1, seg_BT1):
+  def score(p, tok_BT1, seg_BT1, start_B):
     with nn.logical_axis_rules(rules):
-      logits = forward(p, tok_BT1, seg_BT1)
+      logits = forward(p, tok_BT1, seg_BT1, start_B)
     if logits.ndim != 3 or logits.shape[:2] != (tok_BT1.shape[0], seq_len):
       raise NslError(f"family {config.family!r} returned logits of shape {logits.shape}; its "
                      "Family.token_logits(params, batch) must return [B, T, V]")

@@ -127,15 +127,16 @@ class NslLM(TemplateLM):
       self.batch_size = -(-self.batch_size // dp) * dp
     return self._score
 
-  def _forward(self, tok, seg):
+  def _forward(self, tok, seg, start):
+    """Scores the rows; the inputs of row b from start[b] on (its last context token) continue its context."""
     from nsl import sharding
 
     score = self._scorer()
     if self.mesh is None:
-      return score(self.params, tok, seg)
+      return score(self.params, tok, seg, start)
     with sharding.use_mesh(self.mesh):
-      batch = sharding.global_batch({"tokens": tok, "segment": seg}, self.mesh)
-      return score(self.params, batch["tokens"], batch["segment"])
+      batch = sharding.global_batch({"tokens": tok, "segment": seg, "start": start}, self.mesh)
+      return score(self.params, batch["tokens"], batch["segment"], batch["start"])
 
   def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
     del disable_tqdm, kwargs
@@ -154,7 +155,9 @@ class NslLM(TemplateLM):
         whole = (list(ctx) + list(cont))[-(self.seq_len + 1):]
         tok[r, :len(whole)], seg[r, :len(whole)] = whole, 1
         spans.append((len(whole) - 1, min(len(cont), len(whole) - 1)))
-      lp, greedy = (np.asarray(a) for a in self._forward(tok, seg))
+      start = np.zeros(self.batch_size, np.int32)
+      start[:len(spans)] = [n_in - k for n_in, k in spans]
+      lp, greedy = (np.asarray(a) for a in self._forward(tok, seg, start))
       for r, (i, (n_in, k)) in enumerate(zip(rows, spans)):
         out[i] = (float(lp[r, n_in - k:n_in].sum()), bool(greedy[r, n_in - k:n_in].all()))
         if requests[i][0] is not None:
@@ -210,14 +213,13 @@ class NslLM(TemplateLM):
     return out
 
   def _generate(self, prompt_BN, new: int, temperature: float, seed: int) -> np.ndarray:
-    """[B, new] tokens: the family's cached decoder, or `token_logits` over the whole row (SED)."""
+    """[B, new] tokens: the family's decoder (`Family.decoder`), or, for a family without one,
+    `token_logits` over the whole row (SED)."""
     import jax
 
-    from nsl.models.family import Family
-
-    family, rng = self.family, jax.random.PRNGKey(seed)
-    if family.decodes_with_trunk or type(family).generate is not Family.generate:
-      tokens, _ = family.generate(self.params, prompt_BN, new, temperature=temperature, rng=rng)
+    decoder, rng = self.family.decoder(), jax.random.PRNGKey(seed)
+    if decoder is not None:
+      tokens, _ = decoder.generate(self.params, prompt_BN, new, temperature=temperature, rng=rng)
       return np.asarray(tokens)
     return self.generate_uncached(prompt_BN, new, temperature, rng)
 

@@ -53,17 +53,23 @@ def load_run(workdir: str):
 
 def greedy_batch(family, params, prompts_BN: np.ndarray, new_tokens: int) -> np.ndarray:
   """Greedy continuation [B, new_tokens] of same-length prompts with the family's decoder
-  (`family.generate`: the shared KV-cache decoder, LIFT's own-state feedback decode)."""
+  (`nsl.models.decoder`: the shared KV-cache decoder, LIFT's own-state feedback decode)."""
   import jax.numpy as jnp
 
-  return np.asarray(family.generate(params, jnp.asarray(prompts_BN, jnp.int32), new_tokens)[0])
+  from nsl.models import decoder
+
+  return np.asarray(decoder.require(family, "planning").generate(params, jnp.asarray(prompts_BN, jnp.int32),
+                                                                 new_tokens)[0])
 
 
 def sampled_batch(family, params, prompts_BN: np.ndarray, new_tokens: int, temperature: float, key) -> np.ndarray:
-  """Answers [B, new_tokens] drawn at `temperature` with the family's decoder (`family.generate`)."""
+  """Answers [B, new_tokens] drawn at `temperature` with the family's decoder (`nsl.models.decoder`)."""
   import jax.numpy as jnp
 
-  out = family.generate(params, jnp.asarray(prompts_BN, jnp.int32), new_tokens, temperature=temperature, rng=key)
+  from nsl.models import decoder
+
+  out = decoder.require(family, "planning").generate(params, jnp.asarray(prompts_BN, jnp.int32), new_tokens,
+                                                     temperature=temperature, rng=key)
   return np.asarray(out[0])
 
 

@@ -9,7 +9,10 @@ the context decoder re-prefills the grown prompt and the next block starts at it
 
 - **prefill**: the context decoder runs once over prompt[:P-1] (the earlier blocks); each
   generation layer projects the latents to its cross K/V, which are cached ([Lg, B, P-1, H, Dh]);
-  the context decoder's own K/V are not kept. Then the last prompt token is decoded.
+  the context decoder's own K/V are not kept. Then the last prompt token is decoded. A prompt of
+  one token has no context: the block starts at token 0, whose latent is still the cross
+  attention's sink (CROSS_RULE), as in the training forward with no block 0 (lm-eval's empty
+  `generate_until` context is one EOS token).
 - **decode**: one token at a time through the generation decoder only: self K/V of the current
   block in the shared `kv_cache.KVCache` (`new_tokens` slots, visibility from SELF_RULE), cross
   attention to the cached context K/V, merged by LSE.
@@ -36,9 +39,9 @@ from nsl.nn import kv_cache
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
 def prefill(model: nn.Module, params, prompt_BP, new_tokens: int):
-  """(logits of the first new token [B, V], cache) for a prompt of P >= 2 tokens."""
+  """(logits of the first new token [B, V], cache) for a prompt of P >= 1 tokens."""
   b, p = prompt_BP.shape
-  ctx = prompt_BP[:, :p - 1]
+  ctx = prompt_BP[:, :max(p - 1, 1)]  # P = 1: token 0 only as the sink (block 1, not earlier)
   cross_k, cross_v = model.apply({"params": params}, ctx, jnp.ones_like(ctx), method="cross_cache")
   cross_k, cross_v = jax.vmap(kv_cache.head_major)(cross_k, cross_v)  # [Lg, B, H, Dh, Nc], [Lg, B, H, Nc, Dh]
   self_cache = kv_cache.KVCache.create(dataclasses.replace(model.dims, n_layers=model.gen_layers), b, new_tokens)
@@ -55,13 +58,12 @@ def decode_loop(model: nn.Module, params, cache, logits_BV, steps: int, temperat
   The token loop reads each generation layer's cross and self K/V as separate buffers (split once
   before the loop, as `nsl.decode.decode_loop` does: XLA:CPU copies a slice of a stacked array
   before every matmul that reads it)."""
-  n_cross = cache["cross_v"].shape[-2]
   split = lambda a: tuple(a[i] for i in range(a.shape[0]))
   cross_k, cross_v = split(cache["cross_k"]), split(cache["cross_v"])
 
-  def step(self_cache, token, index):
-    return model.apply({"params": params}, token, index, cross_k, cross_v, n_cross, self_cache, cache["start"],
-                       method="gen_step")
+  def step(self_cache, token, index):  # context keys: positions < start (P - 1; the sink alone when 0)
+    return model.apply({"params": params}, token, index, cross_k, cross_v, cache["start"], self_cache,
+                       cache["start"], method="gen_step")
 
   tokens, logits, self_cache = decode.sample_loop(step, cache["self"].per_layer(), logits_BV, steps, temperature,
                                                   cache["start"] + 1, rng)
@@ -74,8 +76,8 @@ def generate(family, params, prompt_BP, new_tokens: int, *, temperature: float =
 
   `block_size` (default: all in one block) closes a block every `block_size` tokens: the context
   decoder then re-prefills the grown prompt and a new block starts at its last token."""
-  if new_tokens < 1 or prompt_BP.shape[1] < 2:
-    raise ValueError("need new_tokens >= 1 and a prompt of at least 2 tokens")
+  if new_tokens < 1 or prompt_BP.shape[1] < 1:
+    raise ValueError("need new_tokens >= 1 and a prompt of at least 1 token")
   rng = jax.random.PRNGKey(0) if rng is None else rng
   seq = jnp.asarray(prompt_BP, jnp.int32)
   size = int(block_size or new_tokens)
@@ -115,6 +117,34 @@ def generate_uncached(family, params, prompt_BP, new_tokens: int, *, temperature
     logits.append(lg)
     seq = seq.at[:, p + k].set(nxt)
   return jnp.stack(toks, axis=1), jnp.stack(logits, axis=1)
+
+
+def decoder(family):
+  """The double decoder's `nsl.models.decoder.Decoder`: `generate` above, prefill and a jitted
+  generation-decoder step a token at a time (its self cache per layer, donated), and its own
+  benchmark beside a decoder-only model (`nsl.bench.dd_decode.bench`)."""
+  from nsl.models.decoder import Decoder
+
+  model = family.model
+
+  def gen_step(params, cache, self_cache, tok, index):
+    split = lambda a: tuple(a[i] for i in range(a.shape[0]))
+    return model.apply({"params": params}, tok, index, split(cache["cross_k"]), split(cache["cross_v"]),
+                       cache["start"], self_cache, cache["start"], method="gen_step")
+
+  jit_step = jax.jit(gen_step, donate_argnums=2)
+
+  def first(params, prompt_BP, new_tokens: int):
+    logits, cache = prefill(model, params, jnp.asarray(prompt_BP, jnp.int32), new_tokens)
+    return logits, (cache, cache["self"].per_layer())
+
+  def step(params, state, token_B, k: int):
+    cache, self_cache = state
+    logits, self_cache = jit_step(params, cache, self_cache, token_B, cache["start"] + 1 + k)
+    return logits, (cache, self_cache)
+
+  return Decoder(generate=functools.partial(generate, family), prefill=first, step=step,
+                 bench="nsl.bench.dd_decode:bench")
 
 
 def cache_bytes(cache: dict[str, Any]) -> dict[str, int]:

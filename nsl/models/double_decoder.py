@@ -285,6 +285,8 @@ class DoubleDecoderFamily(Family):
   name = "double_decoder"
   variants = BLOCK_STRATEGIES
   init_len = 16
+  hf_refusal = ("the double decoder is two decoders (context and generation) merged by log-sum-exp over "
+                "blocks; no transformers architecture has that form")
 
   @classmethod
   def validate(cls, config) -> None:
@@ -352,10 +354,17 @@ class DoubleDecoderFamily(Family):
     loss, weight = cross_entropy.masked_cross_entropy(logits, targets, weights)
     return loss, {"weight": weight, "blocks": jnp.max(block).astype(jnp.float32) + 1.0}
 
-  def generate(self, params, prompt_BN, new_tokens: int, *, temperature: float = 0.0, rng=None):
+  def decoder(self):
     """Cached generation (docs/papers/double_decoder.md#generation): the prompt is context, the new tokens one
-    block from its last token on (`nsl.models.dd_decode.generate`)."""
-    return dd_decode.generate(self, params, prompt_BN, new_tokens, temperature=temperature, rng=rng)
+    block from its last token on (`nsl.models.dd_decode.decoder`)."""
+    return dd_decode.decoder(self)
+
+  def continuation_logits(self, params, batch, start_B):
+    """`Family.continuation_logits`: the inputs before `start_B` [B] are the context (block 0) and
+    the continuation one block from the last context token on, as the decoder generates it."""
+    t = batch["tokens"].shape[1] - 1
+    block_BT = (jnp.arange(t, dtype=jnp.int32)[None] >= jnp.asarray(start_B, jnp.int32)[:, None]).astype(jnp.int32)
+    return self.token_logits(params, batch, block_BT=block_BT)
 
   def flops_per_token(self) -> float:
     """6 x (parameters + the cross K/V projection of the context stream when shared) per token,

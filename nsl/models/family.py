@@ -4,8 +4,8 @@ A family is everything that makes an architecture differ from the standard trans
 nothing else (docs/design.md#families). The trainer only calls `init`, `loss`,
 `eval_nll`, `dummy_batch`, `param_counts` and `flops_per_token`; it knows nothing about any
 family. The evaluations (nsl/evals, the LIFT teacher) read a run only through `token_logits`,
-`feeds`, `rule`, `layout` and `with_rule`, the decoders through `slot_plan`, `generate` and
-`drafts_with_dynamics`, all declared here, so no caller asks what a family is.
+`feeds`, `rule`, `layout` and `with_rule`, everything that generates through `decoder()` (the
+protocol of nsl/models/decoder.py), all declared here, so no caller asks what a family is.
 """
 
 from __future__ import annotations
@@ -39,12 +39,6 @@ class Family:
   # Suffix of the trainer's eval key (`eval_val_nll<suffix>`, result.json eval["val<suffix>"]):
   # empty when `eval_nll` is the plain next-token NLL (LIFT: `_feed_<feed>` for another feed).
   eval_suffix: str = ""
-  # The model is the standard trunk (`embed`, the shared `layers.Stack` `trunk`, the tied head)
-  # with the slots of `slot_plan`: what `nsl.decode`'s KV-cache decoder generates from.
-  decodes_with_trunk: bool = False
-  # The family drafts tokens with a learned latent dynamics model (NextLat's p_ψ): what
-  # self-speculative decoding (`nsl.speculative`, docs/papers/nextlat.md#speculative-decoding) needs.
-  drafts_with_dynamics: bool = False
 
   def __init__(self, config):
     self.config = config
@@ -64,6 +58,16 @@ class Family:
     if cls.variants and config.model.variant not in cls.variants:
       raise ConfigError(f"config.model.variant={config.model.variant!r} is not a variant of family "
                         f"{cls.name!r}; choose one of {cls.variants}")
+
+  # Why the family's models have no Hugging Face architecture (`hugging_face`'s refusal).
+  hf_refusal: str = "its model maps onto no transformers architecture"
+
+  @classmethod
+  def hugging_face(cls) -> str:
+    """The Hugging Face architecture `nsl.hf` converts this family's runs to and from; a family
+    without one raises a one-line ConfigError saying why (`hf_refusal`)."""
+    raise ConfigError(f"family {cls.name!r} has no Hugging Face architecture: {cls.hf_refusal}; only a family "
+                      "that maps onto one converts (nsl.hf: the standard family, LlamaForCausalLM)")
 
   # -- to implement -----------------------------------------------------------------------------
   def make_model(self) -> nn.Module:
@@ -112,26 +116,35 @@ class Family:
     return metrics.get("ce", loss) * metrics["weight"], metrics["weight"]
 
   # -- generation -------------------------------------------------------------------------------
-  def slot_plan(self):
-    """The `nsl.decode.SlotPlan` of the KV-cache decoder (docs/papers/sps.md#kv-cache): one persistent slot
-    per token, read out at itself, under `rule` (SPS: its variant's slot groups). A family whose
-    model is not the standard trunk has no such plan: a one-line ConfigError."""
-    if not self.decodes_with_trunk:
-      raise ConfigError(f"nsl.decode has no KV-cache decoder for family {self.name!r}: it decodes sps, standard, "
-                        "nextlat and mtp runs (lift: LiftFamily.generate; double_decoder: nsl.models.dd_decode)")
-    from nsl import decode
+  # Why `decoder()` is None, for a family without one (the error of every caller that needs it).
+  no_decoder: str = "its model has no left-to-right decoder"
 
-    return decode.SlotPlan(kinds=(masks.PERSISTENT,), readout=0, rule=self.rule)
+  def decoder(self):
+    """The family's `nsl.models.decoder.Decoder` (prefill, step, the whole-loop generate, a
+    draft model), or None when it has no left-to-right decoder (docs/guide/decoding.md#generate)."""
+    return None
+
+  def slot_plan(self):
+    """The `nsl.decode.SlotPlan` of the shared KV-cache decoder (docs/papers/sps.md#kv-cache); a
+    family whose model is not the standard trunk has none: a one-line ConfigError."""
+    raise ConfigError(f"family {self.name!r} has no KV-cache slot plan: its model is not the standard trunk "
+                      "(its decoder, if any, is `Family.decoder()`)")
 
   def generate(self, params, prompt_BN, new_tokens: int, *, temperature: float = 0.0, rng=None):
     """`new_tokens` tokens after the prompt [B, N] (one document per row): (tokens [B, new_tokens]
     int32, logits [B, new_tokens, V]), logits[:, k] the distribution token k was drawn from
-    (greedy at `temperature` 0). Here the shared KV-cache decoder `nsl.decode.generate` on
-    `slot_plan()` (docs/papers/sps.md#kv-cache), so a family without one raises its ConfigError; LIFT and the
-    double decoder generate with their own decoders."""
-    from nsl import decode
+    (greedy at `temperature` 0), by the family's decoder (`decoder()`; none: a ConfigError)."""
+    from nsl.models import decoder
 
-    return decode.generate(self, params, prompt_BN, new_tokens, temperature=temperature, rng=rng)
+    return decoder.require(self).generate(params, prompt_BN, new_tokens, temperature=temperature, rng=rng)
+
+  def continuation_logits(self, params, batch: dict[str, Any], start_B: jax.Array) -> jax.Array:
+    """`token_logits` of rows whose inputs before `start_B` [B] are a prompt and from `start_B` on
+    its continuation (what lm-eval scores: the logits a decoder would give the continuation after
+    that prompt). The same as `token_logits` for a family that reads a row one way; the double
+    decoder makes the prompt its context and the continuation one block."""
+    del start_B
+    return self.token_logits(params, batch)
 
   # -- shared -----------------------------------------------------------------------------------
   def layout(self, num_tokens: int) -> masks.Layout:
@@ -202,3 +215,15 @@ class NextTokenFamily(Family):
     inputs, targets, seg_in, weights = cross_entropy.next_token_targets(batch)
     loss, weight = self.model.apply({"params": params}, inputs, seg_in, targets, weights, method="cross_entropy")
     return loss, {"weight": weight}
+
+  def slot_plan(self):
+    """One persistent slot per token, read out at itself, under `rule` (SPS: its variant's slot groups)."""
+    from nsl import decode
+
+    return decode.SlotPlan(kinds=(masks.PERSISTENT,), readout=0, rule=self.rule)
+
+  def decoder(self):
+    """The shared KV-cache decoder over `slot_plan()` (`nsl.models.decoder.trunk_decoder`)."""
+    from nsl.models import decoder
+
+    return decoder.trunk_decoder(self)

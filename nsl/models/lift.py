@@ -338,6 +338,8 @@ class LiftFamily(Family):
   `lift.teacher='precomputed'`, `teacher_idx` / `teacher_val` [B, T+1, k]."""
 
   name = "lift"
+  hf_refusal = ("LIFT fuses each token's embedding with a fed-back next-token distribution (a state channel); "
+                "Llama has no such input")
   variants = VARIANTS
   feeds = EVAL_FEEDS
 
@@ -581,7 +583,15 @@ class LiftFamily(Family):
       probs = state_from_logits(logits, self.spec.top_k, self.spec.temperature)
     return logits
 
-  def generate(self, params, prompt_BP, new_tokens: int, *, temperature: float = 0.0, rng=None):
+  def decoder(self):
+    """One compiled loop, `greedy` (no token-at-a-time form: each position's state comes from the
+    previous one's logits inside the loop), timed beside its trunk without states
+    (`nsl.bench.lift_decode`)."""
+    from nsl.models.decoder import Decoder
+
+    return Decoder(generate=self.greedy, bench="nsl.bench.lift_decode:bench")
+
+  def greedy(self, params, prompt_BP, new_tokens: int, *, temperature: float = 0.0, rng=None):
     """Greedy decoding with own-state feedback (the inference rule, docs/papers/lift.md#variants): the
     prompt's tokens are fed in order (its states are the model's own too), then each argmax
     token, through the cached trunk; lift_no_states is fed b instead (`inference_feed`).

@@ -50,7 +50,7 @@ head 1 is the plain head (next token), head i ≥ 2 is a residual GELU MLP on h 
 the shared head, predicting token t+i; loss = mean over heads of their masked CE.
 
 Config (`config.model.nextlat`): lambda_h, lambda_kl, horizon d, hidden (MLP width), draft_len
-(self-speculative decoding, nsl/speculative.py), emb_grad, latent. `config.model.mtp.horizon`. Their
+(self-speculative decoding, nsl/models/nextlat_decode.py), emb_grad, latent. `config.model.mtp.horizon`. Their
 defaults and checks live in nsl/models/latent_spec.py (`NextLatSpec`, `MTPSpec`).
 """
 
@@ -254,8 +254,6 @@ class LatentFamily(NextTokenFamily):
   """What NextLat and MTP share: the standard trunk and rule, prompt masking, and next-token
   logits read from the plain head (head 1; the dynamics model and extra heads only train)."""
 
-  decodes_with_trunk = True
-
   @property
   def variant(self) -> str:
     return self.config.model.variant
@@ -292,6 +290,8 @@ class NextLatFamily(LatentFamily):
   """NextLat (variant `nextlat`) and its GPT baseline with the same masking (variant `gpt`)."""
 
   name = "nextlat"
+  hf_refusal = ("NextLat's trunk is Llama-like but its output head and latent dynamics model have no place in "
+                "LlamaForCausalLM, and its self-speculative decoding needs them")
   variants = ("nextlat", "gpt")
 
   @classmethod
@@ -307,11 +307,20 @@ class NextLatFamily(LatentFamily):
   def horizon(self) -> int:
     return self.spec.horizon
 
-  @property
-  def drafts_with_dynamics(self) -> bool:
-    """Variant `nextlat` has the dynamics model p_ψ self-speculative decoding drafts with
-    (docs/papers/nextlat.md#losses); its `gpt` baseline does not."""
-    return self.variant == "nextlat"
+  def decoder(self):
+    """The shared KV-cache decoder; variant `nextlat` also drafts with its dynamics model p_ψ
+    (`nsl.models.nextlat_decode.Decoder`, docs/papers/nextlat.md#speculative-decoding), its `gpt` baseline has none."""
+    import dataclasses
+
+    if self.variant != "nextlat":
+      return super().decoder()
+
+    def speculative(params, draft_len=None, temperature: float = 0.0):
+      from nsl.models import nextlat_decode
+
+      return nextlat_decode.Decoder(self, params, draft_len, temperature)
+
+    return dataclasses.replace(super().decoder(), speculative=speculative)
 
   def make_model(self):
     kind = "nextlat" if self.variant == "nextlat" else "gpt"
@@ -343,6 +352,7 @@ class MTPFamily(LatentFamily):
   `config.model.nextlat` options: MTP validates only its own)."""
 
   name = "mtp"
+  hf_refusal = "multi-token prediction adds extra heads that LlamaForCausalLM cannot hold"
   variants = ("mtp",)
 
   @classmethod

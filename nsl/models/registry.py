@@ -4,10 +4,11 @@ take the others down, and describe mode imports only what it needs."""
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from nsl.errors import ConfigError
 
-FAMILIES: dict[str, str] = {
+FAMILIES: dict[str, Any] = {
     "standard": "nsl.models.transformer:StandardFamily",
     "sps": "nsl.models.sps:SPSFamily",
     "lift": "nsl.models.lift:LiftFamily",
@@ -18,10 +19,19 @@ FAMILIES: dict[str, str] = {
 }
 
 
+def register(name: str, target) -> None:
+  """Adds family `name` (`config.family`): `target` a `Family` subclass, or "module:Class" imported
+  when first asked for. A family is a plug-in: nothing else names it (docs/design.md#families)."""
+  FAMILIES[name] = target
+
+
 def get_family_class(name: str):
   if name not in FAMILIES:
     raise ConfigError(f"config.family={name!r} is unknown; choose one of {sorted(FAMILIES)}")
-  module, cls = FAMILIES[name].split(":")
+  target = FAMILIES[name]
+  if not isinstance(target, str):
+    return target
+  module, cls = target.split(":")
   return getattr(importlib.import_module(module), cls)
 
 

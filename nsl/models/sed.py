@@ -128,6 +128,9 @@ class EncoderDecoder(nn.Module):
 
 class SEDFamily(Family):
   name = "sed"
+  no_decoder = "SED is a span-corruption encoder-decoder, with no left-to-right decoder"
+  hf_refusal = ("SED is a span-corruption encoder-decoder with nsl's block masks; transformers' encoder-decoders "
+                "(T5, BART) have other layers and masks")
   variants = ("sed",)
   init_len = 32
 

@@ -216,7 +216,8 @@ class SPSFamily(NextTokenFamily):
   name = "sps"
   variants = VARIANTS
   embedding_params = ("embedding", "predict_embedding")
-  decodes_with_trunk = True
+  hf_refusal = ("an SPS model reads each token out at a learned <predict> slot with its own attention rule "
+                "(two slots per token); no transformers architecture has that layout")
 
   @property
   def variant(self) -> str:
@@ -292,6 +293,12 @@ class SPSFamily(NextTokenFamily):
     return decode.SlotPlan(kinds=spec.kinds, readout=spec.readout, rule=self.rule, layout=self.layout_name,
                            predict=predict_vector, predict_token_id=self.predict_token_id)
 
+  def decoder(self):
+    """The shared KV-cache decoder over `slot_plan()`, benchmarked with the other variants."""
+    from nsl.models import transformer
+
+    return dataclasses.replace(super().decoder(), bench=transformer.SLOT_VARIANTS_BENCH)
+
   def make_model(self) -> nn.Module:
     return SPSLM(self.dims, self.rule, self.variant, self.layout_name, self.predict_token_id)
 
@@ -333,6 +340,23 @@ def _abstract_params(dims: layers.Dims, no_separate_rho: bool, family: "SPSFamil
   if key not in _ABSTRACT:
     _ABSTRACT[key] = jax.eval_shape(family.init, jax.random.PRNGKey(0))
   return _ABSTRACT[key]
+
+
+def variant_config(base, variant: str, window: int | None, layout: str | None = None):
+  """`base` as SPS `variant` (`nsl.bench.decode`'s side-by-side table): the window `window`, else
+  the config's, else 64, for the variants with temporary keys; None for twox_memory and standard."""
+  import copy
+
+  c = copy.deepcopy(base)
+  c.family = "sps"
+  c.model.variant = variant
+  if layout is not None:  # else the config's, or DEFAULT_LAYOUT when it names none
+    c.model.layout = layout
+  if variant in ALIASES or variant == "twox_memory":
+    c.model.window = None
+  else:
+    c.model.window = window if window is not None else (base.model.window if base.model.window is not None else 64)
+  return c
 
 
 def alias_config(config):

@@ -50,7 +50,11 @@ class StandardFamily(NextTokenFamily):
 
   name = "standard"
   variants = ("standard",)
-  decodes_with_trunk = True
+
+  @classmethod
+  def hugging_face(cls) -> str:
+    """LlamaForCausalLM: `nsl.hf` maps the trunk's parameters and checks the config's fields."""
+    return "LlamaForCausalLM"
 
   @property
   def rule(self) -> masks.Rule:
@@ -59,9 +63,20 @@ class StandardFamily(NextTokenFamily):
   def make_model(self):
     return LM(self.dims, self.rule)
 
+  def decoder(self):
+    """The shared KV-cache decoder; its benchmark times the SPS variants of this model side by
+    side (`nsl.bench.decode.slot_variants`)."""
+    import dataclasses
+
+    return dataclasses.replace(super().decoder(), bench=SLOT_VARIANTS_BENCH)
+
   def flops_per_token(self) -> float:
     t = self.seq_len
     layout = masks.Layout.causal(t)
     pairs = masks.visible_pairs(masks.Rule(persistent_window=self.config.model.window), layout, layout)
     counts = self.param_counts()
     return train_flops_per_token(counts["params_total"], pairs / t, self.dims.n_layers, self.dims.d_model)
+
+
+# `Decoder.bench` of the standard and SPS families: the SPS variants of the model side by side.
+SLOT_VARIANTS_BENCH = "nsl.bench.decode:slot_variants"

@@ -89,7 +89,7 @@ def test_generate_until_decodes_greedily_and_stops(run, monkeypatch):
   _, lm = run
   # the decoder of families without a cached one (SED): one compile of token_logits, where the
   # cached decoder (tests/test_decode.py checks it equals this recomputation) costs ~15 s more here
-  monkeypatch.setattr(lm.family, "decodes_with_trunk", False)
+  monkeypatch.setattr(lm.family, "decoder", lambda: None)
   prompt = "Fellow citizens of the Senate and House of Representatives: the state of the"
   (text,) = lm.generate_until([SimpleNamespace(args=(prompt, {"until": ["\x00never"], "max_gen_toks": 12}))])
   assert len(lm.tok_encode(text)) == 12

@@ -307,3 +307,46 @@ def test_cached_generation_with_the_authors_trunk(arch):
   ref_toks, ref_logits = uncached(family, params, prompt, 6)
   np.testing.assert_array_equal(toks, ref_toks)
   np.testing.assert_allclose(logits, ref_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_a_one_token_prompt_is_the_block_alone(family_params):
+  """No context (lm-eval's empty `generate_until` context is one EOS): the block starts at token 0,
+  whose latent is still the cross attention's sink, as the training forward with no block 0."""
+  family, params = family_params
+  prompt = jnp.asarray([[256], [7]], jnp.int32)
+  toks, logits = family.decoder().generate(params, prompt, 5)
+  ref_toks, ref_logits = dd_decode.generate_uncached(family, params, prompt, 5)
+  np.testing.assert_array_equal(toks, ref_toks)
+  np.testing.assert_allclose(logits, ref_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_lm_eval_scores_the_context_as_context_and_the_continuation_as_its_block(family_params):
+  """lm-eval's loglikelihood of (context, continuation) is what the cached decoder gives the
+  continuation after the context as prompt (teacher-forced through its prefill and steps), not
+  the eval step's random blocks over the whole row."""
+  from nsl.data.tokenizers import ByteTokenizer
+  from nsl.evals.lm_eval_model import NslLM
+
+  family, params = family_params
+  tok = ByteTokenizer()
+  lm = NslLM(config=family.config, family=family, params=params, tokenizer=tok, eos_id=tok.eos_id, batch_size=2)
+  ctx, cont = [5, 80, 81, 82, 9, 44, 13], [70, 71, 72, 250]
+  shorter = ([256, 100], [3, 4, 5])  # a second row of another length in the same batch
+  (got, _), (got2, _) = lm._loglikelihood_tokens([(None, ctx, cont), (None, *shorter)])
+  decoder = family.decoder()
+
+  def direct(ctx, cont):
+    logits, state = decoder.prefill(params, jnp.asarray([ctx], jnp.int32), len(cont))
+    total = 0.0
+    for k, t in enumerate(cont):
+      total += float(jax.nn.log_softmax(logits[0])[t])
+      if k + 1 < len(cont):
+        logits, state = decoder.step(params, state, jnp.asarray([t], jnp.int32), k)
+    return total
+
+  assert got == pytest.approx(direct(ctx, cont), abs=2e-4) and got2 == pytest.approx(direct(*shorter), abs=2e-4)
+  row = jnp.asarray([ctx + cont + [0] * (T + 1 - len(ctx) - len(cont))], jnp.int32)
+  seg = (jnp.arange(T + 1) < len(ctx) + len(cont)).astype(jnp.int32)[None]
+  eval_blocks = jax.nn.log_softmax(family.token_logits(params, {"tokens": row, "segment": seg}), -1)[0]
+  before = sum(float(eval_blocks[len(ctx) - 1 + k, t]) for k, t in enumerate(cont))
+  assert abs(before - got) > 1e-3  # the eval step's blocks score it otherwise: the check can fail

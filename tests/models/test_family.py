@@ -132,27 +132,28 @@ def test_every_family_generates_or_says_it_has_no_decoder(built):
   with none (SED) raises the decoder's one-line ConfigError, and so does its `slot_plan`."""
   family, params = built
   prompt = _batch()["tokens"][:, :5]
-  if family.name == "sed":
-    for call in (lambda: family.generate(params, prompt, 2), family.slot_plan):
-      with pytest.raises(ConfigError, match="no KV-cache decoder for family 'sed'") as err:
+  if family.decoder() is None:  # SED
+    for call, says in ((lambda: family.generate(params, prompt, 2), "has none"), (family.slot_plan, "no KV-cache")):
+      with pytest.raises(ConfigError, match=f"{says}.*") as err:
         call()
-      assert "\n" not in str(err.value)
+      assert "\n" not in str(err.value) and repr(family.name) in str(err.value)
     return
   toks, logits = family.generate(params, prompt, 2)
   assert toks.shape == (B, 2) and toks.dtype == jnp.int32 and logits.shape == (B, 2, V)
   assert bool(jnp.all(jnp.isfinite(logits)))
   np.testing.assert_array_equal(toks, jnp.argmax(logits, -1))
-  if family.decodes_with_trunk:  # the KV-cache decoder's plan has one group per token
+  if family.decoder().streams and family.name != "double_decoder":  # the shared KV cache: a group per token
     assert family.slot_plan().group == family.layout(T).num_slots // T
 
 
 def test_only_nextlat_drafts_with_its_dynamics_model():
-  """Self-speculative decoding (nsl.speculative) asks the family: NextLat's p_ψ, not its gpt baseline."""
+  """Self-speculative decoding (nsl.speculative) asks the family's decoder: NextLat's p_ψ, not its gpt baseline."""
   for name in set(registry.FAMILIES) - {"nextlat"}:
-    assert registry.get_family_class(name).drafts_with_dynamics is False, name
+    decoder = registry.get_family(_config(name)).decoder()
+    assert decoder is None or decoder.speculative is None, name
   for variant in ("nextlat", "gpt"):
     family = registry.get_family(_config("nextlat", **{"model.variant": variant}))
-    assert family.drafts_with_dynamics == (variant == "nextlat")
+    assert (family.decoder().speculative is not None) == (variant == "nextlat")
 
 
 def test_lift_feeds_are_declared_and_others_have_none():
