@@ -13,12 +13,12 @@ DEMO_CONFIG ?= configs/demo.py
 
 .PHONY: demo test docs install install-core clean
 
+# The CPU kernels (attention, head, decode; C++, -march=native, about 10 s) are built with the core install so a
+# compiler problem shows here; without a compiler they run their XLA paths (a warning, not a failure).
 $(CORE_STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e .
-	# The CPU kernels (attention, head, decode; C++, -march=native) are built now so a compiler problem shows here;
-	# without one, both run their XLA paths (a warning, not a failure).
 	$(PY) -m nsl.kernels.cpu_build || echo "nsl: CPU kernels not built; attention, the head and decoding will run the XLA paths"
 	touch $(CORE_STAMP)
 
