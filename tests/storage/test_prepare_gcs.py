@@ -1,17 +1,21 @@
-"""`nsl.data.prepare --out=gs://...` (nsl/data/prepare_remote.py) against the emulator: interrupted
-twice (resumed once from this host's staging dir, once from the bucket alone), it ends with the bytes
-of a local prepare; an unreachable bucket or a foreign prefix is one line, exit 2, nothing written."""
+"""`nsl.data.prepare --out=gs://...` (nsl/data/prepare_remote.py) against the emulator: SIGKILLed
+mid-upload and interrupted (resumed once from this host's staging dir, once from the bucket alone),
+it ends with the bytes of a local prepare; an unreachable bucket or a foreign prefix is one line, exit 2, nothing written."""
 
 import json
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import threading
 
 import pytest
 
 from nsl import storage
 from nsl.data import datadir, encode_pool, mixture, prepare, prepare_remote
-from tests.helpers import sotu_texts
+from tests.helpers import ROOT, sotu_texts
 
 ARGS = dict(tokenizer="bpe", vocab_size=300, val_fraction=0.2, shard_tokens=1500)
 
@@ -25,8 +29,8 @@ def texts(tmp_path_factory):
 
 
 def _interrupt_at(monkeypatch, journal: int) -> None:
-  """The `journal`-th journal of the next prepare ends it as a kill would (after its upload);
-  documents are tokenized 2 at a time, so the journal is looked at after every second one."""
+  """The `journal`-th journal of the next prepare ends it as Ctrl-C does (a KeyboardInterrupt, after
+  its upload); documents are tokenized 2 at a time, so the journal is looked at after every second one."""
   calls, save = [0], prepare_remote.RemoteDir.save
   monkeypatch.setattr(encode_pool, "CHUNK_DOCS", 2)
 
@@ -38,18 +42,80 @@ def _interrupt_at(monkeypatch, journal: int) -> None:
   monkeypatch.setattr(prepare_remote.RemoteDir, "save", interrupted)
 
 
+# `python -m nsl.data.prepare` that stalls in its third save, right after a shard of that save went
+# up and before the journal naming it: the test SIGKILLs it there.
+_STALLED_UPLOAD = """
+import sys, time
+from nsl.data import encode_pool, prepare, prepare_remote, prepare_resume
+encode_pool.CHUNK_DOCS = 2
+journal, real, journals = f"{prepare_remote.STATE}/{prepare_resume.JOURNAL}", prepare_remote.RemoteDir._upload, []
+def upload(self, local_name, name):
+  real(self, local_name, name)
+  if name == journal:
+    journals.append(name)
+  elif len(journals) >= 3:  # the claim, the first save's (document 0: the tokenizer), the second's
+    print("stalled after uploading", name, flush=True)
+    time.sleep(600)
+prepare_remote.RemoteDir._upload = upload
+sys.exit(prepare.main(sys.argv[1:]))
+"""
+
+
+def _journal(path) -> dict:
+  import numpy as np
+  with np.load(path) as z:
+    return json.loads(bytes(z["state"]).decode())
+
+
+def _bucket_journal(url) -> dict:
+  """The journal of the unfinished prepare in the bucket (its state, without the arrays)."""
+  from nsl.data import prepare_resume
+  path = os.path.join(storage.cache_root(), "journal-copy.npz")
+  storage.download(f"{url}/{prepare_remote.STATE}/{prepare_resume.JOURNAL}", path)
+  return _journal(path)
+
+
+def _sigkill_mid_upload(texts, url) -> int:
+  """Runs the prepare above to its stall and SIGKILLs it; returns the bucket journal's next document.
+  Where the kill landed is proven from the journals: this host's staging journal (written before a
+  save's uploads) is ahead of the bucket's (written last), the stalled shard is in the bucket, and
+  after the kill the bucket's journal is unchanged and there is no manifest."""
+  from nsl.data import prepare_resume
+  argv = [f"--source={texts}", f"--out={url}", "--tokenizer=bpe", "--vocab_size=300", "--val_fraction=0.2",
+          "--shard_tokens=1500"]
+  proc = subprocess.Popen([sys.executable, "-c", _STALLED_UPLOAD, *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  watchdog = threading.Timer(120, proc.kill)
+  watchdog.start()
+  line = proc.stdout.readline()  # blocks until the stall (or the end of a prepare that never stalled)
+  staging = os.path.join(storage.cache_root(), "prepare", f".{os.path.basename(storage.cache_dir('prepare', url))}.partial")
+  before = (_bucket_journal(url), _journal(os.path.join(staging, prepare_resume.JOURNAL))) if line else None
+  proc.send_signal(signal.SIGKILL)
+  err = proc.communicate(timeout=30)[1]
+  watchdog.cancel()
+  assert line.startswith("stalled after uploading "), err[-3000:]
+  names = storage.listdir(url)
+  assert proc.returncode == -signal.SIGKILL and line.split()[-1] in names and datadir.MANIFEST not in names, names
+  bucket, here = before
+  assert 0 < bucket["next_doc"] < here["next_doc"] < 16, (bucket["next_doc"], here["next_doc"])  # mid-save
+  assert _bucket_journal(url) == bucket
+  return bucket["next_doc"]
+
+
 def test_prepare_into_a_bucket_resumes_from_the_bucket_alone_with_a_local_prepares_bytes(
     gcs, texts, tmp_path, monkeypatch, capsys):
+  """SIGKILLed mid-upload (a shard in the bucket, the journal naming it not yet), resumed from this
+  host's staging dir and interrupted with Ctrl-C, then resumed from the bucket alone: the bytes of a
+  local prepare."""
   local = str(tmp_path / "local")
   prepare.prepare(local, [texts], **ARGS)
   url = "gs://bucket/prepared"
-  _interrupt_at(monkeypatch, 2)
-  with pytest.raises(KeyboardInterrupt):
-    prepare.prepare(url, [texts], **ARGS)
+  journalled = _sigkill_mid_upload(texts, url)
   _interrupt_at(monkeypatch, 2)  # resumed from this host's staging dir, interrupted again
   with pytest.raises(KeyboardInterrupt):
     prepare.prepare(url, [texts], **ARGS)
-  assert "resuming at document" in capsys.readouterr().err
+  resumed = int(re.search(r"resuming at document (\d+)", capsys.readouterr().err)[1])
+  assert resumed > journalled  # the staging dir's journal was written before the killed upload
   monkeypatch.undo()
   monkeypatch.setattr(encode_pool, "CHUNK_DOCS", 2)
   names = storage.listdir(url)

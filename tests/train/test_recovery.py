@@ -1,6 +1,6 @@
 """Interrupted writes and concurrency: damaged checkpoints, partial records, kills between the
 final writes, SIGKILL mid-training and during an asynchronous save, carried counters, the workdir
-lock, SIGTERM while compiling, a full disk.
+lock, SIGTERM while the train step compiles, a real full disk.
 
 Runs use the default CPU kernels on one device, as a user's CPU run does (`tests/train/bitwise.py`),
 and a resumed run must end in the same bits as an uninterrupted one: its state digest, metrics and
@@ -262,18 +262,27 @@ def test_second_trainer_on_a_workdir_refuses_and_stale_locks_are_taken_over(data
   assert result["status"] == "done" and not (workdir / WorkdirLock.NAME).exists()
 
 
-def test_sigterm_while_compiling_leaves_a_preempted_record(data_dir, finished, tmp_path, monkeypatch):
-  original = loop.prepare_data
+def test_sigterm_while_compiling_the_train_step_stops_after_that_step(data_dir, finished, tmp_path, monkeypatch):
+  """SIGTERM arrives inside JAX's compile of the train step (the module named train_step): the step
+  under way finishes, the run stops there with a checkpoint and a "preempted" record, and the same
+  command again finishes with the bits of the uninterrupted run."""
+  from jax._src import compiler
+  original, signalled = compiler.compile_or_get_cached, []
 
-  def terminated(config):
-    os.kill(os.getpid(), signal.SIGTERM)  # arrives during construction (compile, data)
-    return original(config)
+  def compile_under_sigterm(backend, computation, *args, **kwargs):
+    name = str(computation.operation.attributes["sym_name"])
+    if "train_step" in name and not signalled:
+      signalled.append(name)
+      os.kill(os.getpid(), signal.SIGTERM)
+    return original(backend, computation, *args, **kwargs)
 
-  monkeypatch.setattr(loop, "prepare_data", terminated)
+  monkeypatch.setattr(compiler, "compile_or_get_cached", compile_under_sigterm)
   workdir = str(tmp_path / "run")
   result = _trainer(kernel_config(data_dir), workdir).run()
-  assert result["status"] == "preempted" and result["steps"] == 0
+  assert signalled, "the train step was not compiled: no SIGTERM was sent"
+  assert result["status"] == "preempted" and result["steps"] == 1, result
   assert _strict_json(os.path.join(workdir, "result.json"))["status"] == "preempted"
+  assert os.path.isdir(os.path.join(workdir, "checkpoints", "1"))
   monkeypatch.undo()
   assert _trainer(kernel_config(data_dir), workdir).run()["status"] == "done"
   assert bitwise.result(workdir) == bitwise.result(finished)
