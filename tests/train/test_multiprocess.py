@@ -113,7 +113,10 @@ def test_two_processes_train_checkpoint_resume_and_match_one_process(corpus, tmp
   assert _result(multi)["status"] == "done" and _result(multi)["steps"] == 6
   a, b = _losses(single), _losses(multi)
   assert sorted(b) == list(range(1, 7))
-  np.testing.assert_allclose([b[s] for s in range(1, 7)], [a[s] for s in range(1, 7)], rtol=1e-4)
+  # Measured (twice, the same): steps 1-2 differ by one float32 ulp (8.6e-8 relative: gloo's
+  # cross-process all-reduce sums in another order than one process's), steps 3-6 bit-equal. So a
+  # few ulps, as tests/train/test_elastic.py allows, not 1e-4 (~800 ulps), which a real divergence passes.
+  np.testing.assert_allclose([b[s] for s in range(1, 7)], [a[s] for s in range(1, 7)], rtol=5e-7)
 
 
 def test_sigkill_anywhere_then_restart_is_bitwise_identical(corpus, tmp_path):
