@@ -15,9 +15,13 @@ ASKS = [
     re.compile(r"[\"']\s*(==|!=)\s*[\w.]*\b(family|variant)\b"),  # "sps" == config.family
     re.compile(r"\b(family|variant)\s+(not\s+)?in\s*[(\[{]\s*[\"']"),  # family in ("standard", "sps")
     re.compile(r"\bfamily\.name\s*(==|!=|in\b|not in\b)"),  # family.name == ...
-    re.compile(r"\b(decodes_with_trunk|drafts_with_dynamics)\b"),  # the flags the decoder protocol replaced
+    re.compile(r"\bfamily\.(decodes_with_trunk|drafts_with_dynamics|eval_suffix|feeds)\b"),  # flags the decoder and views replaced
 ]
-FLAGS = ("decodes_with_trunk", "drafts_with_dynamics")
+# LIFT's feed names, spelled as strings where the evaluations and the trainer run: a view is named
+# by the family (Family.views), never by them.
+VIEW_NAMES = re.compile(r"[\"'](teacher|bias)[\"']")
+VIEW_FREE = ("nsl/evals/", "nsl/train/")
+FLAGS = ("decodes_with_trunk", "drafts_with_dynamics", "feeds", "eval_suffix")
 
 
 def offending_lines() -> list[str]:
@@ -34,7 +38,8 @@ def offending_lines() -> list[str]:
         with open(path, encoding="utf-8") as f:
           for i, line in enumerate(f, 1):
             code = line.split("#", 1)[0]
-            if any(p.search(code) for p in ASKS):
+            rel = os.path.relpath(path, ROOT).replace(os.sep, "/")
+            if any(p.search(code) for p in ASKS) or (rel.startswith(VIEW_FREE) and VIEW_NAMES.search(code)):
               hits.append(f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()}")
   return hits
 
@@ -46,9 +51,11 @@ def test_no_caller_outside_the_models_asks_which_family_it_holds():
 
 def test_the_patterns_catch_what_they_forbid():
   asks = ['if isinstance(family, DoubleDecoderFamily):', 'if config.family == "sps":', 'if base.family not in ("standard", "sps"):',
-          'elif family.decodes_with_trunk:', 'ok = "standard" != c.model.variant', 'if family.name == "lift":']
+          'elif family.decodes_with_trunk:', 'ok = "standard" != c.model.variant', 'if family.name == "lift":',
+          'suffix = family.eval_suffix', 'if feed in family.feeds:']
   for line in asks:
     assert any(p.search(line) for p in ASKS), line
+  assert VIEW_NAMES.search('choices=("own", "teacher", "bias")')
   assert not any(p.search('row = {"family": family if variant in (None, family) else name}') for p in ASKS)
 
 

@@ -33,17 +33,20 @@ def eval_batches(config, batch_size: int, max_batches: int | None = None, split:
                                     max_batches=max_batches)
 
 
-def token_nll(family, params, batch: dict[str, Any], model=None, **feed):
+def token_nll(family, params, batch: dict[str, Any], model=None, view: str | None = None):
   """(nll [B, T], weights [B, T]): per-target negative log-likelihood of `family.token_logits`
-  (under `model`, e.g. `family.with_rule(...)`, and the family's `feed` options) and whether the
-  target counts."""
+  (under `model`, e.g. `family.with_rule(...)`; under the family's named `view`,
+  `Family.view_logits`) and whether the target counts."""
   import jax.numpy as jnp
   import optax
 
   from nsl.nn import cross_entropy
 
   _, targets, _, weights = cross_entropy.next_token_targets(batch)
-  logits = family.token_logits(params, batch, model=model, **feed)
+  if view is None:
+    logits = family.token_logits(params, batch, model=model)
+  else:
+    logits = family.view_logits(params, batch, view, model=model)
   nll = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
   return nll * weights, weights
 

@@ -91,11 +91,11 @@ def _length_generalization(spec: dict, ctx: Context) -> Evaluator:
   lengths = lg.parse_lengths(spec["lengths"] or lg.TASKS[lg.task_name(data)]["lengths"])
   if not lengths:
     raise ConfigError(f"lengths={spec['lengths']!r} names no length")
-  forward = lg.make_forward(ctx.family, spec["feed"])
+  forward = lg.make_forward(ctx.family, spec["view"])
   spec_lengths = ",".join(map(str, lengths))
 
   def evaluate(params):
-    _, _, acc = lg.evaluate(ctx.family, params, data, spec_lengths, spec["per_length"], spec["feed"],
+    _, _, acc = lg.evaluate(ctx.family, params, data, spec_lengths, spec["per_length"], spec["view"],
                             spec["batch_size"], forward)
     return {**{f"acc_{n}": v for n, v in acc.items()}, "solved_to": lg.solved_to(acc)}
 

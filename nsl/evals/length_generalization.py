@@ -2,7 +2,7 @@
 against the sequence length N (S5) or the operand count m (arithmetic), per model.
 
   python -m nsl.evals.length_generalization --runs=runs/s5_standard,runs/s5_lift [--lengths=1-16,20,24,32,48,64]
-      [--per_length=2000] [--data=DIR] [--out=DIR] [--feed=own|bias]
+      [--per_length=2000] [--data=DIR] [--out=DIR] [--view=NAME]
   python -m nsl.evals.length_generalization --root=runs/s5 [--force]    # every done cell of a grid root
 
 Each run is an nsl run dir trained on an S5 or arithmetic task dir (`nsl.data.tasks.s5`,
@@ -12,17 +12,18 @@ Each run is an nsl run dir trained on an S5 or arithmetic task dir (`nsl.data.ta
 - Arithmetic: for each m = 2..10 (default lengths), the fraction of held-out problems whose every
   answer token (and its EOS) is the argmax prediction under teacher forcing, which equals greedy
   exact match of the answer.
-Every model is scored by its family's `token_logits` (`nsl.models.family.Family`): most run
-the sequence in parallel; LIFT-family models (a state channel, `Family.feeds`) feed back the
-states they use at inference token by token with the KV cache (`LiftFamily.token_logits`;
-`--feed=bias` switches the channel off; families without a channel ignore `--feed`). Prints a
-table (rows N or m, one column per run), writes
+Every model is scored by its family's logits under a named view (`Family.views`,
+`view_logits`; `--view`, also `--feed`, default `own`; a family without that view is read under
+its default): most run the sequence in parallel; LIFT-family models feed back the states they use
+at inference token by token with the KV cache (their view `own`; `--view=bias` switches the
+channel off). Prints a table (rows N or m, one column per run), writes
 `length_generalization.json` and `length_generalization.png` to --out (default: the first run's
-parent directory), and records `length_generalization` (`length_generalization_feed_bias` with
-`--feed=bias`) in each run's result.json.
+parent directory), and records `length_generalization` plus the view's suffix
+(`Family.view_suffix`: `length_generalization_feed_bias` for a LIFT run with `--view=bias`) in
+each run's result.json.
 
 `--root=ROOT` takes every done cell of a grid root (`nsl.scaling.grid`; e.g. configs/grids/s5.py)
-instead of `--runs`, reuses a cell's recorded accuracies when they cover the same lengths, feed
+instead of `--runs`, reuses a cell's recorded accuracies when they cover the same lengths, view
 and per-length count (`--force` re-scores), and groups the cells by their grid labels other than
 the seed: one row per group with the seeds' mean ± sd at each length, the length each seed solves
 to (accuracy >= 0.99 at every N up to it) and where each falls below 2x chance; the plot draws each
@@ -82,29 +83,34 @@ def load_run(workdir: str):
   return runs.load_run(workdir, flag="--runs")
 
 
-def make_forward(family, feed: str = "own"):
+def family_view(family, view: str) -> str:
+  """`view` when the family has it, else its default view (a family that reads a row one way)."""
+  return view if view in family.views() else family.views()[0]
+
+
+def make_forward(family, view: str = "own"):
   """The jitted (params, tokens [B, N]) -> next-token logits [B, N, V] that scores every row
-  (`feed`: the state channel of a family that has one); built once, reused at every length."""
+  under the family's `view` (`family_view`); built once, reused at every length."""
   import jax
   import jax.numpy as jnp
 
-  options = {"feed": feed} if feed in family.feeds else {}
+  view = family_view(family, view)
 
   def logits(p, t_BN):  # one document per row; the appended column is a target no row reads
     tokens = jnp.concatenate([t_BN, jnp.zeros_like(t_BN[:, :1])], axis=1)
-    return family.token_logits(p, {"tokens": tokens, "segment": jnp.ones_like(tokens)}, **options)
+    return family.view_logits(p, {"tokens": tokens, "segment": jnp.ones_like(tokens)}, view)
 
   return jax.jit(logits)
 
 
-def accuracy_by_length(family, params, heldout: dict, lengths: list[int], per_length: int, feed: str = "own",
+def accuracy_by_length(family, params, heldout: dict, lengths: list[int], per_length: int, view: str = "own",
                        batch_size: int = 2000, task: str = "s5", fwd=None) -> dict[int, float]:
   """{N: accuracy} of one model on the held-out sets: the final state (S5), or every labelled
   answer position (arithmetic, whose held-out windows all have one width). `fwd`: a
-  `make_forward(family, feed)` to reuse."""
+  `make_forward(family, view)` to reuse."""
   import jax.numpy as jnp
 
-  fwd = fwd or make_forward(family, feed)
+  fwd = fwd or make_forward(family, view)
   # Causal models: the prediction at position N depends only on tokens <= N, so each S5 length
   # is padded to the next multiple of 16 and read at its own last position: a few compiled
   # shapes, and a LIFT model's sequential feedback runs ~N steps, not max(N).
@@ -133,7 +139,7 @@ def accuracy_by_length(family, params, heldout: dict, lengths: list[int], per_le
   return out
 
 
-def evaluate(family, params, data_dir: str, lengths_spec: str = "", per_length: int = 2000, feed: str = "own",
+def evaluate(family, params, data_dir: str, lengths_spec: str = "", per_length: int = 2000, view: str = "own",
              batch_size: int = 2000, fwd=None) -> tuple[str, list[int], dict[int, float]]:
   """(task, lengths, {N: accuracy}) of live `params` on the S5 or arithmetic task dir `data_dir`
   (`lengths_spec`: rows such as "1-16,32"; "" = the task's default rows): this command's and the
@@ -142,7 +148,7 @@ def evaluate(family, params, data_dir: str, lengths_spec: str = "", per_length: 
 
   task = task_name(data_dir)
   lengths = parse_lengths(lengths_spec or TASKS[task]["lengths"])
-  acc = accuracy_by_length(family, params, s5.load_heldout(data_dir), lengths, per_length, feed, batch_size, task, fwd)
+  acc = accuracy_by_length(family, params, s5.load_heldout(data_dir), lengths, per_length, view, batch_size, task, fwd)
   return task, lengths, acc
 
 
@@ -257,7 +263,8 @@ def main(argv=None) -> int:
   p.add_argument("--per_length", type=int, default=2000, help="test sequences per length")
   p.add_argument("--batch_size", type=int, default=2000, help="rows per forward pass")
   p.add_argument("--data", default="", help="S5 / arithmetic task dir (default: each run's data.path)")
-  p.add_argument("--feed", default="own", choices=("own", "bias"), help="LIFT state channel at test")
+  p.add_argument("--view", "--feed", dest="view", default="own",
+                 help="a named view of each run's logits (the family's; LIFT: own, bias, the states fed at test)")
   p.add_argument("--out", default="", help="where to write the JSON record (default: each run's workdir)")
   a = p.parse_args(argv)
   from nsl.data import rundata
@@ -267,7 +274,6 @@ def main(argv=None) -> int:
     raise NslError("give --runs=A,B,... or --root=GRID_ROOT (one of them)")
   cells = common.grid_runs(a.root) if a.root else None
   runs = [d for d, _, _ in cells] if cells else [r for r in a.runs.split(",") if r]
-  key = "length_generalization" if a.feed == "own" else f"length_generalization_feed_{a.feed}"
   results, names, meta, task, lengths = {}, [], {}, None, []
   for run in runs:
     config, family, params = load_run(run)
@@ -278,9 +284,11 @@ def main(argv=None) -> int:
     elif this_task != task:
       raise NslError(f"{run} was trained on {this_task}, {runs[0]} on {task}: compare runs of one task")
     name = os.path.basename(os.path.normpath(run))
+    view = family_view(family, a.view)
+    key = "length_generalization" + family.view_suffix(view)
     acc = None if not a.root or a.force else _recorded(run, key, a.per_length, lengths)
     if acc is None:
-      _, _, acc = evaluate(family, params, data, ",".join(map(str, lengths)), a.per_length, a.feed, a.batch_size)
+      _, _, acc = evaluate(family, params, data, ",".join(map(str, lengths)), a.per_length, view, a.batch_size)
     names.append(name)
     results[name] = acc
     meta[name] = {"run": run, "family": config.family, "variant": config.model.variant}
@@ -291,8 +299,8 @@ def main(argv=None) -> int:
     if os.path.isfile(rpath):
       with open(rpath) as f:
         record = json.load(f)
-      # One record per feed, so a channel-off evaluation never replaces the own-state one.
-      record[key] = {"per_length": a.per_length, "feed": a.feed, "accuracy": {str(n): v for n, v in acc.items()}}
+      # One record per view, so a channel-off evaluation never replaces the own-state one.
+      record[key] = {"per_length": a.per_length, "view": view, "accuracy": {str(n): v for n, v in acc.items()}}
       with open(rpath, "w") as f:
         json.dump(record, f, indent=1)
   print(format_table(names, results, lengths, task))
@@ -301,7 +309,7 @@ def main(argv=None) -> int:
       print(f"{name}: below 2x chance from N={meta[name]['chance_from']}")
   out = a.out or a.root or os.path.dirname(os.path.abspath(os.path.normpath(runs[0])))
   os.makedirs(out, exist_ok=True)
-  summary = {"task": task, "lengths": lengths, "per_length": a.per_length, "feed": a.feed, "runs": meta,
+  summary = {"task": task, "lengths": lengths, "per_length": a.per_length, "view": a.view, "runs": meta,
              "accuracy": {k: {str(n): v for n, v in r.items()} for k, r in results.items()}}
   groups = None
   if cells:

@@ -1,7 +1,7 @@
 """Mean NLL per token of a trained run on held-out token sets: `python -m nsl.evals.nll`.
 
   python -m nsl.evals.nll --workdir=RUN [--data=DIR | --data=NAME=DIR ...] [--split=val]
-                          [--max_batches=N] [--batch_size=B] [--feed=own|teacher|bias]
+                          [--max_batches=N] [--batch_size=B] [--view=NAME]
 
 Without --data: the run's own data (where the run read it, else config `data.path` from the current
 directory), recorded as eval["val"] (eval["<split>"] for another split).
@@ -21,14 +21,15 @@ written atomically, and print as one JSON object. For text data, each set also g
 UTF-8 bytes and scored targets they were measured on; `nsl.data.bytes_per_token`), so runs with
 different tokenizers compare.
 
-Runs whose family has a state channel (`Family.feeds`: LIFT; `--feed`, `LiftFamily.token_logits`):
-`own` (default, the paper's metric) feeds
-back the model's own states token by token with its KV cache, document by document, as at
-inference (lift_no_states: b, the states it is used with; distill has no channel); `teacher`
-feeds the teacher's states in parallel (the training phase); `bias` feeds b everywhere. `own`
-is recorded under the plain key (eval["val"], the trainer's eval_val_nll), the others as
-eval["val_feed_teacher"], eval["val_feed_bias"]. Other families have no state channel: only
-`--feed=own` (their plain forward) is accepted.
+`--view=NAME` (also `--feed`) scores one of the family's named logits views (`Family.views`,
+`view_logits`; default its first, the one it generates with), recorded under the key plus the
+view's suffix (`Family.view_suffix`). Most families have the one view `own`, their plain forward.
+A LIFT run's views are the states fed: `own` (default, the paper's metric) feeds back the model's
+own states token by token with its KV cache, document by document, as at inference
+(lift_no_states: b, the states it is used with; distill has no channel); `teacher` feeds the
+teacher's states in parallel (the training phase); `bias` feeds b everywhere; `own` is recorded
+under the plain key (eval["val"], the trainer's eval_val_nll), the others as
+eval["val_feed_teacher"], eval["val_feed_bias"].
 """
 
 from __future__ import annotations
@@ -123,9 +124,9 @@ def tokenizer_of(directory: str) -> dict:
   return datadir.load_manifest(directory)
 
 
-def make_step(family, config, feed: str | None = None):
-  """The jitted (params, batch) -> (summed NLL, scored targets) of `family` (`feed`: one of
-  `family.feeds`, scored with `family.token_logits(..., feed=feed)`; None = the trainer's eval step)."""
+def make_step(family, config, view: str | None = None):
+  """The jitted (params, batch) -> (summed NLL, scored targets) of `family` (`view`: one of
+  `family.views()`, scored with `family.view_logits`; None = the trainer's eval step)."""
   import flax.linen as nn
   import jax
 
@@ -133,9 +134,9 @@ def make_step(family, config, feed: str | None = None):
   from nsl.train import step as train_step_lib
 
   rules = sharding.rules(config)
-  if feed is not None:
+  if view is not None:
     def step_fn(p, b):
-      nll, w = common.token_nll(family, p, b, feed=feed)
+      nll, w = common.token_nll(family, p, b, view=view)
       return nll.sum(), w.sum()
   else:
     step_fn = train_step_lib.make_eval_step(family)
@@ -163,17 +164,17 @@ def summed_nll(step_fn, params, batches, mesh) -> tuple[float, float]:
 
 
 def evaluate(family, params, config, data_dir: str, split: str, batch_size: int,
-             max_batches: int | None, feed: str | None = None, step_fn=None, process_index: int = 0,
+             max_batches: int | None, view: str | None = None, step_fn=None, process_index: int = 0,
              process_count: int = 1) -> dict:
   """{"nll", "tokens", "batches"}: mean NLL per target over the split's evaluation batches, with
-  `step_fn` (default `make_step(family, config, feed)`); `process_index/count`: this process's
+  `step_fn` (default `make_step(family, config, view)`); `process_index/count`: this process's
   rows of each global batch (the trainer's evaluators on several hosts)."""
   from nsl.data import pipeline
 
   batches = pipeline.make_eval_batches(data_dir, split, seq_len=int(config.data.seq_len), batch_size=batch_size,
                                        max_batches=max_batches, process_index=process_index,
                                        process_count=process_count)
-  total, count = summed_nll(step_fn or make_step(family, config, feed), params, batches, mesh_of(params))
+  total, count = summed_nll(step_fn or make_step(family, config, view), params, batches, mesh_of(params))
   if count == 0:
     raise DataError(f"{split} split of {data_dir}: no scored tokens in {len(batches)} batches")
   return {"nll": total / count, "tokens": int(count), "batches": len(batches)}
@@ -232,8 +233,9 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--split", default="val", help="split of every data dir to score")
   p.add_argument("--max_batches", type=int, default=None, help="at most this many batches per set")
   p.add_argument("--batch_size", type=int, default=None, help="sequences per batch (default: the run's)")
-  p.add_argument("--feed", default=None, choices=("own", "teacher", "bias"),
-                 help="LIFT runs: the states fed (default own: fed back token by token, the paper's metric)")
+  p.add_argument("--view", "--feed", dest="view", default=None,
+                 help="a named view of the run's logits (the family's views; LIFT: own, teacher, bias, the states "
+                      "fed; default its first, own: LIFT's states fed back token by token, the paper's metric)")
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
   if args.max_batches is not None and args.max_batches < 1:
     raise NslError(f"--max_batches={args.max_batches}: must be >= 1")
@@ -250,9 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     sets = [(args.split, run_data_dir(config, args.workdir))]
   own_dir = rundata.local_dir(args.workdir) or run_data_dir(config, args.workdir)
   config, family, params = _load_run(args.workdir)
-  if args.feed not in (None, "own") and args.feed not in family.feeds:
-    raise NslError(f"--feed={args.feed}: {config.family!r} runs have no state channel (only LIFT-family runs)")
-  feed = (args.feed or "own") if family.feeds else None
+  view = family.view(args.view, "--view")
+  multi = len(family.views()) > 1  # the trainer's eval step reads a one-view family: same numbers, one program
   batch_size = args.batch_size or int(config.train.batch_size) // int(config.train.grad_accum)
   from nsl.data import bytes_per_token
 
@@ -260,14 +261,13 @@ def main(argv: list[str] | None = None) -> int:
   for name, path in sets:
     check_data(config, path, own_dir)
     key = name if not args.data or args.split == "val" else f"{name}_{args.split}"
-    if feed not in (None, "own"):
-      key = f"{key}_feed_{feed}"
-    r = evaluate(family, params, config, path, args.split, batch_size, args.max_batches, feed)
+    key += family.view_suffix(view)
+    r = evaluate(family, params, config, path, args.split, batch_size, args.max_batches, view if multi else None)
     values[key] = r["nll"]
     details[key] = {"data": os.path.abspath(path), "split": args.split, "tokens": r["tokens"],
                     "batches": r["batches"], "batch_size": batch_size, "seq_len": int(config.data.seq_len)}
-    if feed is not None:
-      details[key]["feed"] = feed
+    if multi:
+      details[key]["view"] = view
     details[key].update(bytes_per_token.eval_fields(path, args.split, r["nll"]))
     if "bits_per_byte" in details[key]:
       bits[key] = details[key]["bits_per_byte"]

@@ -27,13 +27,13 @@ KINDS: dict[str, dict[str, tuple[type, Any]]] = {
     "nll": {"data": (str, REQUIRED), "split": (str, "val"), "batches": (int, 0)},
     "zeroshot": {"task": (str, REQUIRED), "data": (str, REQUIRED), "limit": (int, 0), "batch_size": (int, 16)},
     "length_generalization": {"data": (str, ""), "lengths": (str, ""), "per_length": (int, 2000),
-                              "batch_size": (int, 2000), "feed": (str, "own")},
+                              "batch_size": (int, 2000), "view": (str, "own")},
     "planning": {"data": (str, ""), "limit": (int, 0), "batch_size": (int, 250), "temperature": (float, 0.0),
                  "sample_seed": (int, 0)},
 }
 # Fields that must be >= 1 (the others that are ints must be >= 0).
 POSITIVE = {"batch_size", "per_length"}
-CHOICES = {"feed": ("own", "bias")}
+CHOICES: dict[str, tuple[str, ...]] = {}  # a view is checked by the run's family (`Family.views`)
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 

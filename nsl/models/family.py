@@ -4,7 +4,7 @@ A family is everything that makes an architecture differ from the standard trans
 nothing else (docs/design.md#families). The trainer only calls `init`, `loss`,
 `eval_nll`, `dummy_batch`, `param_counts` and `flops_per_token`; it knows nothing about any
 family. The evaluations (nsl/evals, the LIFT teacher) read a run only through `token_logits`,
-`feeds`, `rule`, `layout` and `with_rule`, everything that generates through `decoder()` (the
+`views` (`view_logits`), `rule`, `layout` and `with_rule`, everything that generates through `decoder()` (the
 protocol of nsl/models/decoder.py), all declared here, so no caller asks what a family is.
 """
 
@@ -22,6 +22,9 @@ from nsl.errors import ConfigError
 from nsl.nn.layers import Dims
 
 
+DEFAULT_VIEW = "own"  # the one view of a family that reads a row one way: its own forward
+
+
 class Family:
   """Base class; subclasses set `name`, `variants`, and implement `make_model`, `model_inputs`,
   `loss`, `flops_per_token`, `rule` and `token_logits`."""
@@ -33,12 +36,6 @@ class Family:
   # Tokens of the dummy row `init` traces, when parameters do not depend on the row length and a
   # full-length trace is slow (describe builds them for every config); None: `data.seq_len`.
   init_len: int | None = None
-  # The state feeds `token_logits(..., feed=F)` accepts (LIFT: own, teacher, bias). Empty: the
-  # family has no state channel and `token_logits` takes no `feed` (its one forward is "own").
-  feeds: tuple[str, ...] = ()
-  # Suffix of the trainer's eval key (`eval_val_nll<suffix>`, result.json eval["val<suffix>"]):
-  # empty when `eval_nll` is the plain next-token NLL (LIFT: `_feed_<feed>` for another feed).
-  eval_suffix: str = ""
 
   def __init__(self, config):
     self.config = config
@@ -101,9 +98,38 @@ class Family:
     Each family reads them where its own loss does: the standard trunk at every token, SPS at
     the read-out slots of its variant, NextLat/MTP from the next-token head, the double decoder
     from its generation decoder (under given or the eval step's blocks), SED from its decoder
-    with the whole document as one masked span, LIFT under a state feed (`feeds`, default the
+    with the whole document as one masked span, LIFT under a state feed (`views`, default the
     one it uses at inference). `feed` holds these family-specific options."""
     raise NotImplementedError
+
+  # -- evaluation views -------------------------------------------------------------------------
+  def views(self) -> tuple[str, ...]:
+    """The names of the family's logits views (`view_logits`), the first the default, the one it
+    generates with: `("own",)` for a family that reads a row one way (LIFT: own, teacher, bias,
+    the states fed). Evaluators and the trainer loop over these names and never spell them."""
+    return (DEFAULT_VIEW,)
+
+  def view(self, name: str | None, where: str = "view") -> str:
+    """`name`, checked against `views()` (None: the default); a one-line ConfigError naming `where`."""
+    if name is None:
+      return self.views()[0]
+    if name not in self.views():
+      raise ConfigError(f"{where}={name}: family {self.name!r} has the views {list(self.views())}")
+    return name
+
+  def view_logits(self, params, batch: dict[str, Any], view: str, *, model: nn.Module | None = None) -> jax.Array:
+    """`token_logits` under the named view (`views()`)."""
+    self.view(view)
+    return self.token_logits(params, batch, model=model)
+
+  def view_suffix(self, view: str) -> str:
+    """The suffix of a metric read under `view` (`eval_val_nll<suffix>`, result.json
+    eval["val<suffix>"]): empty for the default view, else `_<view>` (LIFT: `_feed_<feed>`)."""
+    return "" if view == self.views()[0] else f"_{view}"
+
+  def eval_view(self) -> str:
+    """The view the trainer's eval step (`eval_nll`) scores: the default one (LIFT: `lift.eval_feed`)."""
+    return self.views()[0]
 
   def eval_nll(self, params, batch: dict[str, Any]) -> tuple[jax.Array, jax.Array]:
     """(sum of per-target NLL, number of targets): the trainer's eval step.

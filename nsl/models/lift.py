@@ -84,7 +84,7 @@ from nsl.models.transformer import LM, standard_rule
 VARIANTS = ("lift", "lift_no_states", "distill", "lift_rnn")
 DROPOUT_MODES = ("sequence", "prefix")
 ADAPT_SEEDS = ("bias", "teacher")
-EVAL_FEEDS = ("own", "teacher", "bias")  # `LiftFamily.token_logits`, `nsl.evals.nll --feed`
+EVAL_FEEDS = ("own", "teacher", "bias")  # `LiftFamily.token_logits` and its views (`nsl.evals.nll --view`)
 
 
 # -- definitions --------------------------------------------------------------------------------
@@ -341,7 +341,6 @@ class LiftFamily(Family):
   hf_refusal = ("LIFT fuses each token's embedding with a fed-back next-token distribution (a state channel); "
                 "Llama has no such input")
   variants = VARIANTS
-  feeds = EVAL_FEEDS
 
   def __init__(self, config):
     self.spec = LiftSpec.from_config(config)
@@ -555,12 +554,22 @@ class LiftFamily(Family):
       return apply(self.fed(params, self.teacher_states(batch, targets, weights), seg_in))
     return apply(None)  # b everywhere
 
-  @property
-  def eval_suffix(self) -> str:
-    """The trainer's eval key suffix: eval_val_nll (result.json eval.val) is the own-state NLL,
-    another `lift.eval_feed` is logged as eval_val_nll_feed_<feed> (eval.val_feed_<feed>), the
-    keys of `nsl.evals.nll --feed`."""
-    return "" if self.spec.eval_feed == "own" else f"_feed_{self.spec.eval_feed}"
+  def views(self) -> tuple[str, ...]:
+    """`Family.views`: the state feeds (EVAL_FEEDS: own, teacher, bias), own the default."""
+    return EVAL_FEEDS
+
+  def view_logits(self, params, batch, view: str, *, model=None):
+    """`token_logits` with the states of feed `view`."""
+    return self.token_logits(params, batch, model=model, feed=self.view(view))
+
+  def view_suffix(self, view: str) -> str:
+    """eval_val_nll (result.json eval.val) is the own-state NLL, another feed's is
+    eval_val_nll_feed_<feed> (eval.val_feed_<feed>), as the keys of `nsl.evals.nll --view`."""
+    return "" if view == "own" else f"_feed_{view}"
+
+  def eval_view(self) -> str:
+    """`lift.eval_feed`, what the trainer's eval step scores (`eval_nll`)."""
+    return self.spec.eval_feed
 
   def eval_nll(self, params, batch, feed: str | None = None):
     """(sum of per-target NLL, number of targets) under a state feed (`token_logits`; default

@@ -175,8 +175,8 @@ class Trainer:
     self._train_step, self._eval_step, self._init = p.train_step, p.eval_step, p.init
     self.manifest = prepare_data(config)
     self.data_path = datadir.fetch(config.data.path)  # config.data.path, or its local copy
-    # "" for most families; a LIFT run names a non-own state feed (eval_val_nll_feed_teacher).
-    self.eval_suffix = self.family.eval_suffix
+    # The suffix of the view the eval step scores: "" for a family's default view (Family.views).
+    self.eval_suffix = self.family.view_suffix(self.family.eval_view())
     t = config.train
     self.tokens_per_step = config.data.seq_len * t.batch_size
     self.base_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)

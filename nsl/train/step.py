@@ -90,7 +90,7 @@ def make_train_step(family, config, grad_accum: int) -> Callable:
 def make_eval_step(family) -> Callable:
   """(params, batch) -> (sum of per-target NLL, number of targets) for exact corpus means:
   `Family.eval_nll`, the loss's next-token cross-entropy (metric `ce` where the loss adds
-  auxiliary terms), so `eval_val_nll` compares across families. LIFT overrides it to score the
-  NLL with its own states fed back (the paper's metric), or the `lift.eval_feed` it is
-  configured with, logged under the key suffix `family.eval_suffix` (eval_val_nll_feed_teacher)."""
+  auxiliary terms), so `eval_val_nll` compares across families. A family with several logits
+  views scores its `eval_view()` (LIFT: `lift.eval_feed`), logged under the key suffix
+  `view_suffix(eval_view())` (eval_val_nll_feed_teacher)."""
   return lambda params, batch: family.eval_nll(params, batch)

@@ -61,7 +61,7 @@ def test_s5_table_matches_a_direct_forward_pass(task_dirs, tmp_path, capsys):
   # the channel-off evaluation is recorded beside the own-state one, not over it
   assert lg.main([f"--runs={lift_run}", "--lengths=2", "--per_length=5", "--feed=bias", f"--out={tmp_path / 'b'}"]) == 0
   result = json.load(open(tmp_path / "lift" / "result.json"))
-  assert result["length_generalization"]["feed"] == "own"
+  assert result["length_generalization"]["view"] == "own"
   assert result["length_generalization_feed_bias"]["accuracy"].keys() == {"2"}
 
 

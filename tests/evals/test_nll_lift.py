@@ -27,13 +27,13 @@ def test_nll_feeds_of_a_lift_run(tmp_path, capsys):
 
   args = [f"--workdir={workdir}", "--max_batches=1", "--batch_size=8"]
   for feed in ("", "teacher", "bias"):  # the default feed is own
-    assert nll.main(args + ([f"--feed={feed}"] if feed else [])) == 0
+    assert nll.main(args + ([f"--view={feed}"] if feed else [])) == 0
     capsys.readouterr()
   with open(os.path.join(workdir, "result.json")) as f:
     result = json.load(f)
   ev = result["eval"]
   assert set(ev) == {"val", "val_feed_teacher", "val_feed_bias"} and len(set(ev.values())) == 3
-  assert result["eval_details"]["val"]["feed"] == "own"
+  assert result["eval_details"]["val"]["view"] == "own"
 
   # Reference: every document of the scored batch alone (right-padded: causal), decoded token by
   # token by rerunning its prefix with the states of the previous run (`recompute_feedback_logits`).

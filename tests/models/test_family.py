@@ -1,5 +1,5 @@
 """The Family interface every evaluation reads (nsl/models/family.py): each registered family
-implements `token_logits`, `rule`, `layout`, `with_rule`, `feeds` and `eval_nll`, and its
+implements `token_logits`, `rule`, `layout`, `with_rule`, `views` and `eval_nll`, and its
 `token_logits` are the next-token logits its own loss and eval step score, causal in the inputs."""
 
 import flax.linen as nn
@@ -68,7 +68,8 @@ def test_every_family_implements_the_hooks(built):
   lay = family.layout(T)
   assert isinstance(lay, masks.Layout) and lay.num_slots in (T, 2 * T)
   assert sorted(np.unique(np.asarray(lay.tok)).tolist()) == list(range(T))  # every token has its slots
-  assert isinstance(family.feeds, tuple) and isinstance(family.eval_suffix, str)
+  views = family.views()
+  assert isinstance(views, tuple) and views and family.eval_view() in views and family.view_suffix(views[0]) == ""
 
 
 def test_token_logits_shape_and_the_eval_step(built):
@@ -156,10 +157,13 @@ def test_only_nextlat_drafts_with_its_dynamics_model():
     assert (family.decoder().speculative is not None) == (variant == "nextlat")
 
 
-def test_lift_feeds_are_declared_and_others_have_none():
+def test_lift_names_its_feeds_as_views_and_others_have_one():
   for name in registry.FAMILIES:
-    cls = registry.get_family_class(name)
-    assert cls.feeds == (("own", "teacher", "bias") if name == "lift" else ())
+    family = registry.get_family(_config(name))
+    assert family.views() == (("own", "teacher", "bias") if name == "lift" else ("own",)), name
+    with pytest.raises(ConfigError, match="--view=nope.*views") as err:
+      family.view("nope", "--view")
+    assert "\n" not in str(err.value)
 
 
 def test_mtp_validates_its_own_options_once():

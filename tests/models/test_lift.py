@@ -391,13 +391,15 @@ def test_eval_feeds():
                              rtol=1e-5)
   bias = fam.token_logits(params, b, feed="bias")
   np.testing.assert_allclose(bias, fam.model.apply({"params": params}, inputs, seg), rtol=1e-6)
+  for view, want in zip(fam.views(), (own, teacher, bias)):  # the named views are the feeds
+    np.testing.assert_array_equal(fam.view_logits(params, b, view), want)
   nlls = {f: float(fam.eval_nll(params, b, f)[0]) for f in lift.EVAL_FEEDS}
   assert len(set(nlls.values())) == 3
   # The trainer's eval: own states by default (eval_val_nll), or lift.eval_feed under its own key.
   from nsl.train import step as step_lib
-  assert fam.eval_suffix == "" and float(step_lib.make_eval_step(fam)(params, b)[0]) == pytest.approx(nlls["own"], rel=1e-6)
+  assert fam.view_suffix(fam.eval_view()) == "" and float(step_lib.make_eval_step(fam)(params, b)[0]) == pytest.approx(nlls["own"], rel=1e-6)
   fam_t, _ = family_and_params("lift", eval_feed="teacher")
-  assert fam_t.eval_suffix == "_feed_teacher"
+  assert fam_t.view_suffix(fam_t.eval_view()) == "_feed_teacher"
   assert float(step_lib.make_eval_step(fam_t)(params, b)[0]) == pytest.approx(nlls["teacher"], rel=1e-6)
   # lift_no_states is used with b at inference, so its "own" feed is b; distill has no channel.
   fam_ns, _ = family_and_params("lift_no_states")
