@@ -4,6 +4,7 @@ back; other families and mismatched checkpoints are one line, exit 2."""
 
 import json
 import os
+import shutil
 
 import flax.linen as nn
 import jax
@@ -22,10 +23,22 @@ import transformers  # noqa: E402
 SAMPLE = "The Congress of 1790 — naïve café, 日本!\n  Peace,  and  trade's law."
 
 
+# The logit comparison's bound (fp32, measured within 2.4e-7), which a small RoPE or norm error breaks
+# by more than 5x (test_a_small_rope_or_norm_error_fails_the_comparison).
+TOL = 1e-4
+
+
 def _noisy(params):
-  """Random norm gains (all ones would hide a swapped or missing norm) and a non-zero everything."""
+  """Random norm gains (all ones would hide a swapped or missing norm), query and key projections
+  10x their init, and a non-zero everything. At init the attention logits are ~0 and attention is
+  uniform, which no position changes: RoPE's θ off by 10% moved the logits by 3e-5 and the default
+  θ in place of 500 by 5e-4, hidden by or near TOL; at 10x, θ 2% off moves them by 1e-3."""
   key = iter(jax.random.split(jax.random.PRNGKey(3), 64))
-  bump = lambda path, a: a + 0.3 * jax.random.normal(next(key), a.shape) if path[-1].key == "scale" else a
+
+  def bump(path, a):
+    if path[-1].key == "scale":
+      return a + 0.3 * jax.random.normal(next(key), a.shape)
+    return a * 10 if path[-1].key in ("wq", "wk") else a
   return jax.tree_util.tree_map_with_path(bump, params)
 
 
@@ -58,17 +71,40 @@ def test_transformers_gives_nsls_logits_and_greedy_tokens(exported):
   cfg = json.load(open(os.path.join(out, "config.json")))
   assert (cfg["rope_theta"], cfg["rms_norm_eps"], cfg["tie_word_embeddings"]) == (500.0, 1e-6, True)
   model = transformers.LlamaForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-  ids = np.random.default_rng(0).integers(0, 300, (2, 24))
+  ids = _ids()
   with torch.no_grad():
     theirs = model(torch.tensor(ids)).logits.numpy()
   ours = _nsl_logits(fam, params, ids)
-  assert np.abs(theirs - ours).max() < 1e-4, np.abs(theirs - ours).max()
+  assert np.abs(theirs - ours).max() < TOL, np.abs(theirs - ours).max()
   prompt = ids[:1, :10]
   nsl_tokens = np.asarray(fam.generate(params, prompt, 8)[0])[0]
   with torch.no_grad():
     hf_tokens = model.generate(torch.tensor(prompt), max_new_tokens=8, do_sample=False, eos_token_id=None,
                                pad_token_id=0).numpy()[0, 10:]
   assert hf_tokens.tolist() == nsl_tokens.tolist()
+
+
+@pytest.mark.parametrize("field,value", [("rope_theta", 510.0), ("rms_norm_eps", 2e-6)])
+def test_a_small_rope_or_norm_error_fails_the_comparison(exported, tmp_path, field, value):
+  """The export's RoPE θ 2% off (500 -> 510) or its norms' eps doubled, in the config transformers
+  reads: its logits move by more than 5x TOL (measured ~1e-3 each), so the test above has a margin."""
+  _, fam, params, out, _ = exported
+  bad = tmp_path / "bad"
+  shutil.copytree(out, bad)
+  cfg = json.load(open(bad / "config.json"))
+  cfg[field] = value
+  if field == "rope_theta":  # transformers >= 5 reads rope_parameters
+    cfg["rope_parameters"]["rope_theta"] = value
+  json.dump(cfg, open(bad / "config.json", "w"))
+  model = transformers.LlamaForCausalLM.from_pretrained(str(bad), dtype=torch.float32).eval()
+  ids = _ids()
+  with torch.no_grad():
+    theirs = model(torch.tensor(ids)).logits.numpy()
+  assert np.abs(theirs - _nsl_logits(fam, params, ids)).max() > 5 * TOL
+
+
+def _ids():
+  return np.random.default_rng(0).integers(0, 300, (2, 24))
 
 
 def test_tokenizer_encodes_as_nsls(exported):
