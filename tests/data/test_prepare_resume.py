@@ -18,9 +18,6 @@ from nsl.data import sources as sources_lib
 from nsl.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-GPT2_FILE = os.path.join(ROOT, "..", "shared", "data", "gpt2.tiktoken")
-if not os.path.isfile(GPT2_FILE):
-  GPT2_FILE = "/work/shared/data/gpt2.tiktoken"
 # Digests of this corpus prepared by the single-process prepare before --workers existed (commit
 # 50a7df1), taken with `dir_digest`: the parallel, resumable prepare must write the same bytes.
 REFERENCE = {
@@ -52,11 +49,9 @@ def spec_fixture(corpus60):
 
 
 @pytest.mark.parametrize("tokenizer,workers", [("byte", (1, 2, 3)), ("bpe", (1, 2)), ("gpt2", (1, 2))])
-def test_any_worker_count_writes_the_reference_bytes(spec, tmp_path, monkeypatch, tokenizer, workers):
+def test_any_worker_count_writes_the_reference_bytes(spec, gpt2_ranks, tmp_path, monkeypatch, tokenizer, workers):
   if tokenizer == "gpt2":
-    if not os.path.isfile(GPT2_FILE):
-      pytest.skip("no gpt2.tiktoken ranks file")
-    monkeypatch.setenv("NSL_GPT2_BPE", GPT2_FILE)
+    monkeypatch.setenv("NSL_GPT2_BPE", gpt2_ranks)
   for n in workers:
     out = str(tmp_path / f"w{n}")
     prepare_lib.prepare(out, [spec], tokenizer, workers=n, **ARGS)

@@ -1,4 +1,5 @@
-"""Tokenizers: ids, EOS handling, determinism of BPE training, GPT-2 from a local ranks file."""
+"""Tokenizers: ids, EOS handling, determinism of BPE training, GPT-2 from a local ranks file (built
+from a package: tests/data/conftest.py's gpt2_ranks)."""
 
 import os
 
@@ -6,12 +7,6 @@ import pytest
 
 from nsl.data import tokenizers as tok_lib
 from nsl.errors import DataError
-
-GPT2_FILE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data",
-                         "gpt2.tiktoken")
-if not os.path.isfile(GPT2_FILE):
-  GPT2_FILE = "/work/shared/data/gpt2.tiktoken"
-needs_gpt2 = pytest.mark.skipif(not os.path.isfile(GPT2_FILE), reason="no gpt2.tiktoken")
 
 TEXT = "Hello world, naïve café — 日本 <|endoftext|> end"
 
@@ -42,13 +37,12 @@ def test_bpe_is_deterministic_and_roundtrips(corpus, tmp_path):
   assert c.encode_batch([TEXT, "x"]) == [ids, a.encode("x")]
 
 
-@needs_gpt2
-def test_gpt2_from_file_and_env(tmp_path, monkeypatch):
-  tok = tok_lib.Gpt2Tokenizer.from_file(GPT2_FILE)
+def test_gpt2_from_file_and_env(gpt2_ranks, tmp_path, monkeypatch):
+  tok = tok_lib.Gpt2Tokenizer.from_file(gpt2_ranks)
   assert tok.encode("Hello world") == [15496, 995]
   assert (tok.vocab_size, tok.eos_id) == (50257, 50256)
   assert tok.eos_id not in tok.encode(TEXT) and tok.decode(tok.encode(TEXT)) == TEXT
-  monkeypatch.setenv(tok_lib.GPT2_BPE_ENV, GPT2_FILE)
+  monkeypatch.setenv(tok_lib.GPT2_BPE_ENV, gpt2_ranks)
   assert tok_lib.Gpt2Tokenizer.locate().encode("Hello world") == [15496, 995]
   tok.save(str(tmp_path))  # the data dir gets its own copy of the ranks
   again = tok_lib.load_tokenizer(tok.spec(), str(tmp_path))
