@@ -332,25 +332,26 @@ def _small_disk(tmp_path, size="1m"):
 
 
 def test_a_real_full_disk_during_an_async_save_is_one_line(data_dir, tmp_path):
-  """The workdir on a 1 MiB tmpfs: the run's records fit, its first checkpoint (~2.5 MB) does not.
-  The asynchronous save returns at once and fails later, in Orbax's background commit (whose
-  threads log ~300 lines of tracebacks); the user sees one line naming the checkpoints directory,
-  the bytes free and needed, exit 2, and result.json says failed."""
+  """The workdir's checkpoints directory on a 1 MiB tmpfs (the records beside it on the test's
+  disk, so only a checkpoint's write can fail): the first checkpoint (~2.5 MB) does not fit. The
+  asynchronous save returns at once and fails later, in Orbax's background commit (whose threads
+  log ~300 lines of tracebacks); the user sees one line naming the checkpoints directory, the
+  bytes free and needed, exit 2, and result.json says failed."""
   prefix = _small_disk(tmp_path)
   cfg = _cfg_file(tmp_path, data_dir, {"checkpoint.async_save": True})
-  mount, kept = tmp_path / "disk", tmp_path / "kept"
-  mount.mkdir()
-  script = ('mount -t tmpfs -o size=1m tmpfs "$0" && "$@"; rc=$?; cp -r "$0/run" ' f'"{kept}"; exit $rc')
-  proc = subprocess.run(prefix + [script, str(mount), sys.executable, "-m", "nsl.launch", f"--config={cfg}",
-                                  f"--workdir={mount / 'run'}", "--quiet"], cwd=ROOT, capture_output=True,
+  workdir, listing = tmp_path / "run", tmp_path / "checkpoints.txt"
+  (workdir / "checkpoints").mkdir(parents=True)
+  script = 'mount -t tmpfs -o size=1m tmpfs "$0" && "$@"; rc=$?; ls -a "$0" > ' f'"{listing}"; exit $rc'
+  proc = subprocess.run(prefix + [script, str(workdir / "checkpoints"), sys.executable, "-m", "nsl.launch",
+                                  f"--config={cfg}", f"--workdir={workdir}", "--quiet"], cwd=ROOT, capture_output=True,
                         text=True, timeout=300, env=dict(os.environ, XLA_FLAGS=SUBPROCESS_XLA_FLAGS))
   lines = proc.stderr.strip().splitlines()
   assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
-  assert lines[0].startswith(f"nsl: error: disk full writing {mount / 'run'}/checkpoints (") \
+  assert lines[0].startswith(f"nsl: error: disk full writing {workdir}/checkpoints (") \
       and "bytes free" in lines[0] and "bytes needed" in lines[0], lines
-  assert _strict_json(kept / "result.json")["status"] == "failed"
-  assert max(_train_steps(kept)) > 3  # it trained on past the save of step 3: the fault came later
-  assert not [n for n in os.listdir(kept / "checkpoints") if n.isdigit()]  # no step was finished
+  assert _strict_json(workdir / "result.json")["status"] == "failed"
+  assert max(_train_steps(workdir)) > 3  # it trained on past the save of step 3: the fault came later
+  assert not [n for n in listing.read_text().split() if n.isdigit()]  # no step was finished
 
 
 def test_nll_eval_of_a_run_whose_checkpoints_are_all_damaged_is_one_line(finished, tmp_path, capsys):
