@@ -181,14 +181,11 @@ class Trainer:
     self.tokens_per_step = config.data.seq_len * t.batch_size
     self.base_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
     self.schedule = jax.tree.map(jnp.asarray, p.schedule)  # the LR schedule, an argument of every step
-    # A weighted mixture of data dirs (config.data.mixture) replaces data.path's stream and split.
-    self.mixture = mixture.for_trainer(config, jax.process_index(), jax.process_count())
-    self.train_iter = self.mixture.train_iter if self.mixture else pipeline.make_train_iterator(
-        self.data_path, seq_len=config.data.seq_len, global_batch_size=t.batch_size, seed=config.seed,
-        process_index=jax.process_index(), process_count=jax.process_count(), verify=config.data.verify)
-    self.eval_batches = None if self.mixture else pipeline.make_eval_batches(
-        self.data_path, "val", seq_len=config.data.seq_len, batch_size=t.batch_size // t.grad_accum,
-        max_batches=t.eval_batches, process_index=jax.process_index(), process_count=jax.process_count())
+    # What the trainer reads: data.path's stream and split, or a weighted mixture of data dirs
+    # (config.data.mixture) in its place; one interface, so the loop asks neither which.
+    self.data = (mixture.for_trainer(config, jax.process_index(), jax.process_count())
+                 or _DirData(config, self.data_path, jax.process_index(), jax.process_count()))
+    self.train_iter = self.data.train_iter
     # config.evals, run beside the validation NLL; their data is checked here, before any step.
     self.evaluators = evaluators.build(evaluators.Context(
         config, self.family, self.mesh, self._eval_step, self.eval_suffix, t.batch_size // t.grad_accum,
@@ -224,28 +221,51 @@ class Trainer:
     if self.is_main and self.progress:
       print(f"nsl: {msg}", flush=True)
 
-  def evaluate(self, params) -> float:
-    """The validation NLL (the same loop as `python -m nsl.evals.nll`)."""
-    total, count = nll.summed_nll(self._eval_step, params, self.eval_batches, self.mesh)
-    return total / max(count, 1.0)
-
   def evaluations(self, params) -> dict[str, float]:
-    """The metrics.jsonl fields of one evaluation: the validation NLL and every config.evals metric."""
-    if self.mixture:  # each source's val split, and their weighted mean as eval_val_nll
-      out = self.mixture.evaluate(lambda b: nll.summed_nll(self._eval_step, params, b, self.mesh), self.eval_suffix)
-    else:
-      out = {"eval_val_nll" + self.eval_suffix: self.evaluate(params)}
+    """The metrics.jsonl fields of one evaluation: the validation NLL (a mixture's also per
+    source; the same loop as `python -m nsl.evals.nll`) and every config.evals metric."""
+    out = self.data.evaluate(lambda b: nll.summed_nll(self._eval_step, params, b, self.mesh), self.eval_suffix)
     with self.program.mesh_context():
       out.update(evaluators.run_all(self.evaluators, params))
     return out
 
   # -- the loop ---------------------------------------------------------------------------------
+  # `run` is the step loop; each stage below is one named part of it (Levanter's hooks are one
+  # model): `_log` every train.log_every steps, `_evaluate` every train.eval_every, `_checkpoint`
+  # every checkpoint.every (or every_minutes, agreed in the preemption poll), which also says when
+  # to stop; `_finish` evaluates and saves the last step, `_close` writes result.json whatever happened.
   def run(self) -> dict[str, Any]:
+    t = self.config.train
+    r = self._open()
+    try:
+      with self._preemption as preemption, self.program.mesh_context():
+        if preemption.should_stop(r.step):  # SIGTERM arrived while compiling or restoring
+          r.status = "preempted"
+        while r.step < t.steps and r.status == "done":
+          m = self._train_one(r)
+          if r.step % t.log_every == 0 or r.step == t.steps:
+            self._log_step(r, m)
+          if r.step % t.eval_every == 0 and r.step < t.steps:
+            self._evaluate(r)
+          if self._checkpoint(r, preemption):
+            r.status = "preempted"
+            break
+      self._finish(r)
+    except BaseException:
+      r.status = "failed"
+      raise
+    finally:
+      self._close(r)
+    self.final_state = r.state
+    return r.result
+
+  def _open(self) -> "_RunState":
+    """The state to train from, the run's writers, and the counters a resumed run carries on."""
     cfg, t = self.config, self.config.train
     # CPU seconds beside wall seconds: on a shared host the wall time says little about a run's cost.
-    start_time, start_cpu = time.time(), time.process_time()
-    state = self.initial_state()
-    start = int(jax.device_get(state.step))
+    r = _RunState(start_time=time.time(), start_cpu=time.process_time())
+    r.state = self.initial_state()
+    r.step = start = int(jax.device_get(r.state.step))
     if start >= t.steps:
       self._log(f"{self.workdir} already finished {start} steps; rewriting result.json from its checkpoint")
     if self.is_main:
@@ -254,128 +274,120 @@ class Trainer:
     # A resumed run replays the steps after its checkpoint: their old lines (and a partial last
     # line of a killed write) are dropped, so every step is logged once.
     sinks = [observe.WandbSink(cfg, self.records.local, nsl_config.to_dict(cfg))] if self.is_main and cfg.get("log", {}).get("wandb") else []
-    writer = metrics.MetricsWriter(self.records.local, enabled=self.is_main, resume_step=start, sinks=sinks)
-    profiler = observe.StepProfiler(t.get("profile_steps"), self.records.local, self._log)
-    trace = observe.DataTrace(bool(cfg.get("log", {}).get("data_trace")), self.records.local, start,
-                              jax.process_index(), jax.process_count())
-    bar = metrics.Progress(t.steps, initial=start, enabled=self.is_main and self.progress, every=t.log_every)
-    meta = {"config": nsl_config.to_dict(cfg)}
+    r.writer = metrics.MetricsWriter(self.records.local, enabled=self.is_main, resume_step=start, sinks=sinks)
+    r.profiler = observe.StepProfiler(t.get("profile_steps"), self.records.local, self._log)
+    r.trace = observe.DataTrace(bool(cfg.get("log", {}).get("data_trace")), self.records.local, start,
+                                jax.process_index(), jax.process_count())
+    r.bar = metrics.Progress(t.steps, initial=start, enabled=self.is_main and self.progress, every=t.log_every)
+    r.meta = {"config": nsl_config.to_dict(cfg)}
     # The run's own counters travel in every checkpoint, so a resumed (or re-finished) run
     # reports the same figures as an uninterrupted one.
     carried = self.resumed_meta.get("record", {}) if int(self.resumed_meta.get("step", -1)) == start else {}
-    status, last_loss, eval_loss = "done", carried.get("last_loss"), carried.get("eval_val")
-    eval_sources = carried.get("eval_sources") or {}  # a mixture's per-source validation NLLs
-    eval_step = carried.get("eval_step")
-    nonfinite_total = int(carried.get("nonfinite_total", 0))
-    nonfinite_since = None  # on-device sum of the per-step flags since the last log line
-    wall_before = float(carried.get("wall_time_sec", 0.0))
-    cpu_before = float(carried.get("cpu_time_sec", 0.0))
-    timing = lambda: {"wall_time_sec": wall_before + time.time() - start_time,
-                      "cpu_time_sec": cpu_before + time.process_time() - start_cpu}
-    tick, tick_step = time.time(), start
-    last_save = tick  # checkpoint.every_minutes counts from here (a restore is as good as a save)
-    step = start
+    r.last_loss, r.eval_loss = carried.get("last_loss"), carried.get("eval_val")
+    r.eval_sources = carried.get("eval_sources") or {}  # a mixture's per-source validation NLLs
+    r.eval_step = carried.get("eval_step")
+    r.nonfinite_total = int(carried.get("nonfinite_total", 0))
+    r.wall_before = float(carried.get("wall_time_sec", 0.0))
+    r.cpu_before = float(carried.get("cpu_time_sec", 0.0))
+    r.tick, r.tick_step = time.time(), start
+    r.last_save = r.tick  # checkpoint.every_minutes counts from here (a restore is as good as a save)
+    return r
 
-    def record_meta():
-      meta["record"] = {"last_loss": last_loss, "eval_val": eval_loss, "eval_sources": eval_sources,
-                        "eval_step": eval_step,
-                        "nonfinite_total": nonfinite_total, **timing()}
-      return meta
+  def _train_one(self, r: "_RunState"):
+    """One train step on the next batch; its metrics, on the device."""
+    local = next(self.train_iter)
+    r.trace.write(r.step + 1, local)
+    batch = sharding.global_batch(local, self.mesh)
+    r.profiler.before_step(r.step + 1)
+    r.state, m = self._train_step(r.state, batch, self.base_rng, self.schedule)
+    r.step += 1
+    r.profiler.after_step(r.step, r.state)
+    r.nonfinite_since = m["nonfinite"] if r.nonfinite_since is None else r.nonfinite_since + m["nonfinite"]
+    return m
 
+  def _log_step(self, r: "_RunState", m) -> None:
+    """The metrics.jsonl line of a step (loss, throughput, the data's shares); too many non-finite
+    steps in a row stop the run."""
+    t = self.config.train
+    m = jax.device_get(m)
+    now = time.time()
+    perf = metrics.throughput((r.step - r.tick_step) * self.tokens_per_step, now - r.tick, self.flops_per_token,
+                              self.mesh.size)
+    r.tick, r.tick_step = now, r.step
+    r.flush_nonfinite()
+    r.last_loss = float(m["loss"])
+    record = {k: float(v) for k, v in m.items() if k != "nonfinite"}
+    record.update(perf, tokens=r.step * self.tokens_per_step, nonfinite=int(m["nonfinite"]),
+                  nonfinite_total=r.nonfinite_total)
+    record.update(self.data_fields())
+    r.writer.write(r.step, record)
+    r.bar.update(r.step, {"loss": r.last_loss, "tok/s": round(perf["tokens_per_sec"])})
+    run_length = int(jax.device_get(r.state.nonfinite_run))
+    if run_length >= t.max_nonfinite:
+      r.status = "failed"
+      raise NslError(f"{run_length} consecutive non-finite steps at step {r.step} "
+                     f"(train.max_nonfinite={t.max_nonfinite}); the last good checkpoint is kept "
+                     "in the workdir — lower train.lr or check the data")
+
+  def _evaluate(self, r: "_RunState") -> None:
+    """The validation NLL and every config.evals metric, logged and kept for the record."""
+    evals = self.evaluations(r.state.params)
+    (r.eval_loss, r.eval_sources), r.eval_step = self._val(evals), r.step
+    r.writer.write(r.step, evals)
+
+  def _checkpoint(self, r: "_RunState", preemption) -> bool:
+    """Saves every checkpoint.every steps, or when checkpoint.every_minutes have passed (agreed by
+    every process in the preemption poll); True when the run must stop (preempted)."""
+    minutes = self.config.checkpoint.every_minutes
+    stop, timed = preemption.poll(r.step, bool(minutes) and time.time() - r.last_save >= 60 * minutes)
+    if (r.step % self.config.checkpoint.every == 0 or timed) and r.step < self.config.train.steps and not stop:
+      self._save(r, force=timed)
+      r.last_save = time.time()
+    return stop
+
+  def _save(self, r: "_RunState", force: bool) -> None:
+    r.flush_nonfinite()  # the count in the checkpoint is exact at its step
+    if self.is_main:  # before the save: a checkpoint's steps are always in the bucket's records
+      self.records.push()
+    self.checkpointer.save(r.step, r.state, self.train_iter, r.record_meta(), force=force)
+
+  def _finish(self, r: "_RunState") -> None:
+    """The last step's evaluation, then its checkpoint, which records it: a kill between the two
+    writes costs only this evaluation, and a rerun rewrites result.json from the checkpoint."""
+    r.flush_nonfinite()
+    if r.status == "done" and r.eval_step != r.step:
+      self._evaluate(r)
+    if self.checkpointer.latest_step() != r.step:
+      self._save(r, force=True)
+    self.checkpointer.wait()
+
+  def _close(self, r: "_RunState") -> None:
+    """Closes the writers and the checkpointer, and writes result.json, whatever the run's end."""
+    r.profiler.close()
+    r.trace.close()
+    r.bar.close()
+    r.writer.close()
     try:
-      with self._preemption as preemption, self.program.mesh_context():
-        if preemption.should_stop(step):  # SIGTERM arrived while compiling or restoring
-          status = "preempted"
-        while step < t.steps and status == "done":
-          local = next(self.train_iter)
-          trace.write(step + 1, local)
-          batch = sharding.global_batch(local, self.mesh)
-          profiler.before_step(step + 1)
-          state, m = self._train_step(state, batch, self.base_rng, self.schedule)
-          step += 1
-          profiler.after_step(step, state)
-          nonfinite_since = m["nonfinite"] if nonfinite_since is None else nonfinite_since + m["nonfinite"]
-          if step % t.log_every == 0 or step == t.steps:
-            m = jax.device_get(m)
-            now = time.time()
-            perf = metrics.throughput((step - tick_step) * self.tokens_per_step, now - tick, self.flops_per_token,
-                                      self.mesh.size)
-            tick, tick_step = now, step
-            nonfinite_total += int(jax.device_get(nonfinite_since))
-            nonfinite_since = None
-            last_loss = float(m["loss"])
-            record = {k: float(v) for k, v in m.items() if k != "nonfinite"}
-            record.update(perf, tokens=step * self.tokens_per_step, nonfinite=int(m["nonfinite"]),
-                          nonfinite_total=nonfinite_total)
-            if self.mixture:
-              record.update(self.mixture.train_iter.take_shares())
-            writer.write(step, record)
-            bar.update(step, {"loss": last_loss, "tok/s": round(perf["tokens_per_sec"])})
-            run_length = int(jax.device_get(state.nonfinite_run))
-            if run_length >= t.max_nonfinite:
-              status = "failed"
-              raise NslError(f"{run_length} consecutive non-finite steps at step {step} "
-                             f"(train.max_nonfinite={t.max_nonfinite}); the last good checkpoint is kept "
-                             "in the workdir — lower train.lr or check the data")
-          if step % t.eval_every == 0 and step < t.steps:
-            evals = self.evaluations(state.params)
-            (eval_loss, eval_sources), eval_step = self._val(evals), step
-            writer.write(step, evals)
-          minutes = cfg.checkpoint.every_minutes
-          stop, timed = preemption.poll(step, bool(minutes) and time.time() - last_save >= 60 * minutes)
-          if (step % cfg.checkpoint.every == 0 or timed) and step < t.steps and not stop:
-            if nonfinite_since is not None:  # the count in the checkpoint is exact at its step
-              nonfinite_total += int(jax.device_get(nonfinite_since))
-              nonfinite_since = None
-            if self.is_main:  # before the save: a checkpoint's steps are always in the bucket's records
-              self.records.push()
-            self.checkpointer.save(step, state, self.train_iter, record_meta(), force=timed)
-            last_save = time.time()
-          if stop:
-            status = "preempted"
-            break
-      if nonfinite_since is not None:
-        nonfinite_total += int(jax.device_get(nonfinite_since))
-        nonfinite_since = None
-      if status == "done" and eval_step != step:
-        # Evaluated before the final checkpoint, which then records it: a kill between the two
-        # writes costs only this evaluation, and a rerun rewrites result.json from the checkpoint.
-        evals = self.evaluations(state.params)
-        (eval_loss, eval_sources), eval_step = self._val(evals), step
-        writer.write(step, evals)
-      if self.checkpointer.latest_step() != step:
-        if self.is_main:
-          self.records.push()
-        self.checkpointer.save(step, state, self.train_iter, record_meta(), force=True)
-      self.checkpointer.wait()
-    except BaseException:
-      if status != "failed":
-        status = "failed"
-      raise
+      self.checkpointer.close()
     finally:
-      profiler.close()
-      trace.close()
-      bar.close()
-      writer.close()
-      try:
-        self.checkpointer.close()
-      finally:
-        result = self._result(status, step, last_loss, eval_loss, timing(), nonfinite_total,
-                              state if status != "failed" else None, eval_sources)
-        if self.is_main:
-          metrics.write_json(os.path.join(self.records.local, "result.json"), result)
-          self.records.push()
-        self._preemption.__exit__(None, None, None)
-        if self.lock is not None:
-          self.lock.release()
-    self.final_state = state
-    return result
+      r.result = self._result(r.status, r.step, r.last_loss, r.eval_loss, r.timing(), r.nonfinite_total,
+                              r.state if r.status != "failed" else None, r.eval_sources)
+      if self.is_main:
+        metrics.write_json(os.path.join(self.records.local, "result.json"), r.result)
+        self.records.push()
+      self._preemption.__exit__(None, None, None)
+      if self.lock is not None:
+        self.lock.release()
+
+  def data_fields(self) -> dict[str, float]:
+    """What the data pipeline adds to a step's line: a mixture's shares of each source ({} else)."""
+    take = getattr(self.train_iter, "take_shares", None)  # a mixture's iterator counts them
+    return take() if take is not None else {}
 
   def _val(self, evals: dict[str, float]) -> tuple[float, dict[str, float]]:
     """An evaluation's validation NLL and, for a mixture, each source's ({NAME: NLL}; {} otherwise)."""
     key = "eval_val_nll" + self.eval_suffix
-    names = [s.name for s in self.mixture.sources] if self.mixture else []
-    return evals[key], {n: evals[f"{key}/{n}"] for n in names}
+    return evals[key], {s.name: evals[f"{key}/{s.name}"] for s in self.data.sources}
 
   def _result(self, status, step, last_loss, eval_loss, timing, nonfinite_total, state=None,
               eval_sources=None) -> dict[str, Any]:
@@ -383,8 +395,7 @@ class Trainer:
     evals = {"val" + self.eval_suffix: eval_loss} if eval_loss is not None else {}
     if eval_loss is not None:  # a mixture: each source's split beside the weighted mean
       evals.update({f"val{self.eval_suffix}/{n}": v for n, v in (eval_sources or {}).items()})
-    byte_fields = (self.mixture.record_fields(evals) if self.mixture
-                   else bytes_per_token.record_fields(self.data_path, evals))
+    byte_fields = self.data.record_fields(evals)
     return {
         "status": status, "family": self.config.family, "variant": self.config.model.variant,
         "seed": self.config.seed, "init_seed": nsl_config.init_seed(self.config),
@@ -398,3 +409,58 @@ class Trainer:
         # The final state's bits (docs/guide/determinism.md): equal digests, equal runs.
         "state_sha256": checkpoint.state_digest(state) if state is not None else None,
     }
+
+
+class _DirData:
+  """One data dir as the trainer reads it (data.path), with a mixture's interface
+  (`nsl.data.mixture.TrainerData`): its train stream, its val split, its record's byte fields."""
+
+  sources = ()  # no per-source splits
+
+  def __init__(self, config, path: str, process_index: int, process_count: int):
+    d, t = config.data, config.train
+    self.path = path
+    self.train_iter = pipeline.make_train_iterator(
+        path, seq_len=d.seq_len, global_batch_size=t.batch_size, seed=config.seed,
+        process_index=process_index, process_count=process_count, verify=d.verify)
+    self.eval_batches = pipeline.make_eval_batches(
+        path, "val", seq_len=d.seq_len, batch_size=t.batch_size // t.grad_accum, max_batches=t.eval_batches,
+        process_index=process_index, process_count=process_count)
+
+  def evaluate(self, summed_nll, suffix: str = "") -> dict[str, float]:
+    total, count = summed_nll(self.eval_batches)
+    return {"eval_val_nll" + suffix: total / max(count, 1.0)}
+
+  def record_fields(self, evals: dict[str, float]) -> dict:
+    return bytes_per_token.record_fields(self.path, evals)
+
+
+class _RunState:
+  """What one `Trainer.run` carries from stage to stage: the train state and step, how it ends
+  (`status`), the writers, and the counters a checkpoint records (`record_meta`)."""
+
+  def __init__(self, start_time: float, start_cpu: float):
+    self.start_time, self.start_cpu = start_time, start_cpu
+    self.status, self.state, self.step, self.result = "done", None, 0, None
+    self.writer = self.profiler = self.trace = self.bar = None
+    self.meta: dict[str, Any] = {}
+    self.last_loss = self.eval_loss = self.eval_step = None
+    self.eval_sources: dict[str, float] = {}
+    self.nonfinite_total, self.nonfinite_since = 0, None  # the latter on the device, since the last flush
+    self.wall_before = self.cpu_before = 0.0
+    self.tick, self.tick_step, self.last_save = 0.0, 0, 0.0
+
+  def flush_nonfinite(self) -> None:
+    """Adds the on-device count of non-finite steps since the last flush to the total: the one place it is read."""
+    if self.nonfinite_since is not None:
+      self.nonfinite_total += int(jax.device_get(self.nonfinite_since))
+      self.nonfinite_since = None
+
+  def timing(self) -> dict[str, float]:
+    return {"wall_time_sec": self.wall_before + time.time() - self.start_time,
+            "cpu_time_sec": self.cpu_before + time.process_time() - self.start_cpu}
+
+  def record_meta(self) -> dict[str, Any]:
+    self.meta["record"] = {"last_loss": self.last_loss, "eval_val": self.eval_loss, "eval_sources": self.eval_sources,
+                           "eval_step": self.eval_step, "nonfinite_total": self.nonfinite_total, **self.timing()}
+    return self.meta
