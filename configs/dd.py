@@ -4,7 +4,7 @@ ARCH (the leading `dd_` may be left off: `configs/dd.py:6m` is `dd_6m`): `dd` (f
 double_decoder), `sed` (family sed) or `decoder_only` (family standard with both stacks' layers
 in one causal stack). SIZE: `6m 12m 25m 50m 100m` (the paper's recipe, `paper`) or `tiny` (CPU,
 `tiny`). These replace configs/{dd,sed,decoder_only}_{size}.py and configs/dd_recipe.py; the old
-config paths still resolve here (nsl.config.MOVED).
+config paths still resolve here (configs/aliases.py).
 
 Paper recipe: widths 6.25M=192, 12.5M=256, 25M=448, 50M=576, 100M=832; heads d/64; 10+5 layers
 (6m, 12m) else 8+4 (context:generation = 2:1); SED has the same encoder and 3/4 of the decoder

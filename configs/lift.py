@@ -13,7 +13,7 @@ NAME (the leading `lift_` may be left off: `configs/lift.py:s5_oracle` is `lift_
   standard_arith   the standard 2-layer baseline, and the teacher of lift_arith
   lift_arith       LIFT with the trained teacher runs/standard_arith
 
-These replace configs/NAME.py; the old paths still resolve here (nsl.config.MOVED).
+These replace configs/NAME.py; the old paths still resolve here (configs/aliases.py).
 """
 
 from configs import base, tiny

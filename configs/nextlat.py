@@ -20,7 +20,7 @@ NAME (the leading `nextlat_` may be left off: `configs/nextlat.py:countdown` is 
   python -m nsl.launch --config=configs/nextlat.py:path_star --workdir=runs/nextlat_path_star
   python -m nsl.evals.planning --workdir=runs/nextlat_path_star
 
-These replace configs/NAME.py; the old paths still resolve here (nsl.config.MOVED).
+These replace configs/NAME.py; the old paths still resolve here (configs/aliases.py).
 """
 
 import ml_collections

@@ -11,7 +11,7 @@ SIZE:
                  `paper_recipe`: 4096 tokens = 8192 slots, batch 96, 20B tokens), w = 64
   tiny           CPU-sized on the embedded SOTU corpus (`variant_config`), w = 16
 
-These replace configs/<VARIANT>_<SIZE>.py; the old paths still resolve here (nsl.config.MOVED).
+These replace configs/<VARIANT>_<SIZE>.py; the old paths still resolve here (configs/aliases.py).
 """
 
 from configs import base, tiny

@@ -49,20 +49,10 @@ def apply_size(config: ml_collections.ConfigDict, size: str) -> ml_collections.C
   return config
 
 
-# Issue #18 folded the per-size config files into one file per family, the size (and variant) its
-# argument. A removed path DIR/NAME.py still names the same experiment: it resolves to
-# DIR/FAMILY.py:NAME (`resolve_config`), and a file that exists on disk always wins. Each family
-# file's ARGS lists exactly these names (tests/test_config_args.py checks both ways).
-FOLDED: dict[str, tuple[str, ...]] = {
-    "sps": tuple(f"{v}_{s}" for v in ("standard", "sps", "twox_memory", "delayed_state", "reverse_sps")
-                 for s in ("tiny", "xs", "s", "m", "l", "xl")),
-    "dd": tuple(f"{a}_{s}" for a in ("dd", "sed", "decoder_only") for s in ("tiny", "6m", "12m", "25m", "50m", "100m")),
-    "lift": ("lift_tiny", "lift_arith", "lift_s5", "lift_rnn_s5", "lift_s5_bounded", "lift_s5_oracle",
-             "standard_s5", "standard_s5_8x", "standard_arith"),
-    "nextlat": ("nextlat_tiny", "nextlat_countdown", "nextlat_path_star", "gpt_countdown", "gpt_path_star",
-                "mtp_tiny", "mtp_path_star"),
-}
-MOVED: dict[str, str] = {name: family for family, names in FOLDED.items() for name in names}
+# Renamed experiments resolve through the aliases that live beside the configs: a config
+# directory's `aliases.py` maps each family file to the removed names it took over (`FOLDED`;
+# configs/aliases.py, issue #18), read by `folded` when a removed path is asked for.
+ALIASES_FILE = "aliases.py"
 # nsl's own configs/ (an editable checkout): what `from configs import base` finds in a config file
 # that lives outside a `configs` directory.
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -76,15 +66,33 @@ def split_config_arg(spec: str) -> tuple[str, str | None]:
   return (file + ".py", arg) if sep else (spec, None)
 
 
+def folded(directory: str = CONFIGS_DIR) -> dict[str, tuple[str, ...]]:
+  """The `FOLDED` table of a config directory's `aliases.py` (family file stem -> the removed
+  names it took over); {} where there is none."""
+  path = os.path.join(directory or ".", ALIASES_FILE)
+  if not os.path.isfile(path):
+    return {}
+  module_spec = importlib.util.spec_from_file_location(f"nsl_aliases_{abs(hash(os.path.abspath(path)))}", path)
+  module = importlib.util.module_from_spec(module_spec)
+  with configs_package(path):  # `from configs import sps`
+    try:
+      module_spec.loader.exec_module(module)
+    except Exception as e:  # user code: report where it broke
+      raise ConfigError(f"config aliases {path!r} failed to load: {type(e).__name__}: {e}") from e
+  return {family: tuple(names) for family, names in getattr(module, "FOLDED", {}).items()}
+
+
 def resolve_config(spec: str) -> tuple[str, str | None]:
-  """(file, argument) of a `--config` value: FILE:ARG split, a removed path of MOVED mapped to
-  its family file in the same directory (`configs/sps_xl.py` -> `configs/sps.py`, `sps_xl`)."""
+  """(file, argument) of a `--config` value: FILE:ARG split, a removed path mapped through the
+  aliases beside it (`folded`) to its family file in the same directory (`configs/sps_xl.py` ->
+  `configs/sps.py`, `sps_xl`)."""
   path, arg = split_config_arg(spec)
-  if arg is None and not os.path.isfile(path):
-    name = os.path.basename(path)[:-len(".py")] if path.endswith(".py") else ""
-    folded = os.path.join(os.path.dirname(path), f"{MOVED.get(name)}.py")
-    if name in MOVED and os.path.isfile(folded):
-      return folded, name
+  if arg is None and not os.path.isfile(path) and path.endswith(".py"):
+    name, directory = os.path.basename(path)[:-len(".py")], os.path.dirname(path)
+    for family, names in folded(directory).items():
+      target = os.path.join(directory, f"{family}.py")
+      if name in names and os.path.isfile(target):
+        return target, name
   return path, arg
 
 

@@ -10,7 +10,7 @@ from nsl import config as nsl_config
 from tests.helpers import ROOT
 
 FILES = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py")) if "def get_config" in open(p).read())
-FOLDED = {os.path.join(ROOT, "configs", f"{family}.py"): names for family, names in nsl_config.FOLDED.items()}
+FOLDED = {os.path.join(ROOT, "configs", f"{family}.py"): names for family, names in nsl_config.folded().items()}
 CONFIGS = [f"{p}:{name}" for p in FILES for name in FOLDED.get(p, ())] + [p for p in FILES if p not in FOLDED]
 
 

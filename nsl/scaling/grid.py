@@ -95,7 +95,7 @@ def load_grid_file(path: str) -> list[dict]:
 
 def resolve_config_path(spec: str, grid_path: str | None = None) -> str:
   """A config path (`FILE.py[:ARG]`) as given, else relative to the grid file's repo, else to
-  nsl's repo; absolute, its argument kept, a removed path as its family file's (nsl.config.MOVED)."""
+  nsl's repo; absolute, its argument kept, a removed path as its family file's (configs/aliases.py)."""
   from nsl import config as nsl_config
 
   path, arg = nsl_config.split_config_arg(spec)

@@ -15,7 +15,7 @@ from nsl.nn import cross_entropy, masks
 from nsl.models.family import Family
 
 # One tiny config per registered family (a new family needs one here); `load_config` resolves
-# the per-size paths to the family files that replace them (nsl.config.MOVED).
+# the per-size paths to the family files that replace them (configs/aliases.py).
 CONFIGS = {"standard": "standard_tiny", "sps": "sps_tiny", "lift": "lift_tiny", "nextlat": "nextlat_tiny",
            "mtp": "mtp_tiny", "double_decoder": "dd_tiny", "sed": "sed_tiny"}
 V, T, B = 400, 16, 2  # byte ids < 257; SED's 100 sentinels and start id fit below 400

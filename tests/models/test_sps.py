@@ -286,7 +286,7 @@ def test_bad_layout_and_default_layout():
 # ----------------------------------------------------------------------------- configs
 
 
-SPS_CONFIGS = [f"configs/sps.py:{name}" for name in nsl_config.FOLDED["sps"] if not name.startswith("standard_")]
+SPS_CONFIGS = [f"configs/sps.py:{name}" for name in nsl_config.folded()["sps"] if not name.startswith("standard_")]
 
 
 @pytest.mark.parametrize("path", SPS_CONFIGS + ["configs/sps.py:standard_tiny"])
