@@ -186,8 +186,13 @@ def fit_family(points: list[Point], *, n_boot: int = 200, seed: int = 0) -> dict
 
 
 def law_of(fam: dict) -> Law | None:
+  """A family's fitted law; None when approach 3 was skipped, or when a parameter ran past float
+  range (an unidentifiable fit can push A there; fits.json then holds null): no curve to draw."""
   a3 = fam.get("approach3", {})
-  return Law(*(a3[k] for k in LAW_KEYS)) if a3.get("status") == "fitted" else None
+  values = [a3.get(k) for k in LAW_KEYS]
+  if a3.get("status") != "fitted" or any(v is None for v in values):
+    return None
+  return Law(*values)
 
 
 def _multipliers(fams: dict, baseline: str) -> dict:

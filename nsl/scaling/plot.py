@@ -268,18 +268,20 @@ def plot_multipliers(fits, colors, out_dir, c_name):
     P = _pts(fam)
     ratio = float(np.median(P[:, 1] / P[:, 0]))
     tag = "" if mult["identifiable"][name]["identifiable"] else " (not identifiable)"
+    _read_off_marks(ax_d, mult, "data", name, "N", color)
+    _read_off_marks(ax_c, mult, "compute", name, "C", color)
+    if base is None or law is None:  # a law past float range (fits.json null): only the read-offs
+      continue
     n = np.geomspace(*fam["range"]["N"], 60)
     curve = data_multiplier(base, law, n, ratio * n)[0]
     curves[ax_d].append(curve)
     samples = np.array([data_multiplier(b, l, n, ratio * n)[0] for b, l in boots]).reshape(-1, len(n))
     _band(ax_d, n, curve, samples, color, f"{name} at D = {ratio:.3g}·N{tag}")
-    _read_off_marks(ax_d, mult, "data", name, "N", color)
     c = np.geomspace(*fam["range"]["C"], 60)
     curve = compute_multiplier(base, law, c, fpt_b, fpt_n)[0]
     curves[ax_c].append(curve)
     samples = np.array([compute_multiplier(b, l, c, fpt_b, fpt_n)[0] for b, l in boots]).reshape(-1, len(c))
     _band(ax_c, c, curve, samples, color, f"{name}{tag}")
-    _read_off_marks(ax_c, mult, "compute", name, "C", color)
   for ax in (ax_d, ax_c):
     ax.axhline(1.0, color="k", lw=0.8, ls=":", label=f"parity with {base_name}")
     ax.set(xscale="log", yscale="log")

@@ -124,7 +124,7 @@ def test_preempted_run_resumes_to_identical_parameters(data_dir, tmp_path, monke
   config = tiny_config(data_dir, **{"train.steps": 8, "checkpoint.every": 100})
   full = loop.Trainer(config, str(tmp_path / "full"), progress=False)
   full.run()
-  monkeypatch.setattr(loop._Preemption, "should_stop", lambda self, step: step == 5)
+  monkeypatch.setattr(loop._Preemption, "poll", lambda self, step, save_due=False: (step == 5, save_due))
   first = loop.Trainer(config, str(tmp_path / "cut"), progress=False).run()
   assert first["status"] == "preempted" and first["steps"] == 5
   assert os.path.isdir(tmp_path / "cut" / "checkpoints" / "5")
@@ -138,7 +138,7 @@ def test_preempted_run_resumes_to_identical_parameters(data_dir, tmp_path, monke
 
 def test_resume_refuses_a_changed_batch_size(data_dir, tmp_path, monkeypatch):
   config = tiny_config(data_dir, **{"train.steps": 4})
-  monkeypatch.setattr(loop._Preemption, "should_stop", lambda self, step: step == 2)
+  monkeypatch.setattr(loop._Preemption, "poll", lambda self, step, save_due=False: (step == 2, save_due))
   loop.Trainer(config, str(tmp_path / "run"), progress=False).run()
   monkeypatch.undo()
   changed = tiny_config(data_dir, **{"train.steps": 4, "train.batch_size": 16})
@@ -158,3 +158,16 @@ def test_remat_gives_the_same_gradients(data_dir, remat):
     grads[mode] = jax.jit(jax.grad(lambda p: family.loss(p, batch, None, 0)[0]))(params)  # one compile, not op by op
   for a, b in zip(jax.tree.leaves(grads["none"]), jax.tree.leaves(grads[remat])):
     np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_checkpoint_every_minutes_saves_between_the_step_saves(data_dir, tmp_path):
+  """A timed save (checkpoint.every_minutes, docs/guide/pods.md#preemption) lands between the
+  `checkpoint.every` saves; off (0), only the final step is saved."""
+  timed = tiny_config(data_dir, **{"train.steps": 4, "checkpoint.every": 100, "checkpoint.keep": 10,
+                                   "checkpoint.every_minutes": 1e-9, "checkpoint.async_save": False})
+  loop.Trainer(timed, str(tmp_path / "timed"), progress=False).run()
+  assert sorted(int(p) for p in os.listdir(tmp_path / "timed" / "checkpoints") if p.isdigit()) == [1, 2, 3, 4]
+  off = tiny_config(data_dir, **{"train.steps": 4, "checkpoint.every": 100, "checkpoint.keep": 10,
+                                 "checkpoint.async_save": False})
+  loop.Trainer(off, str(tmp_path / "off"), progress=False).run()
+  assert sorted(int(p) for p in os.listdir(tmp_path / "off" / "checkpoints") if p.isdigit()) == [4]

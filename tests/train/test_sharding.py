@@ -66,7 +66,7 @@ def test_indivisible_parameter_is_a_config_error(data_dir, tmp_path):
 
 def test_resume_on_a_different_mesh_reshards_the_state(data_dir, tmp_path, monkeypatch):
   workdir = str(tmp_path / "run")
-  monkeypatch.setattr(loop._Preemption, "should_stop", lambda self, step: step == 3)
+  monkeypatch.setattr(loop._Preemption, "poll", lambda self, step, save_due=False: (step == 3, save_due))
   first = loop.Trainer(_config(data_dir, (8, 1, 1)), workdir, progress=False).run()
   assert first["status"] == "preempted"
   monkeypatch.undo()
