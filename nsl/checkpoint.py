@@ -33,7 +33,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 import nsl
-from nsl import lease, procs, storage
+from nsl import lease, storage
 from nsl.errors import NslError, disk_full_cause, disk_full_error, warn
 
 
