@@ -9,12 +9,13 @@ them:
     model reads row[:-1], right-padded to the run's seq_len (padding is segment 0, which no real
     token attends to), `batch_size` rows per forward pass, longest first;
   - a request's result is the summed log-probability of its continuation tokens and whether each
-    one is the argmax, from `Family.token_logits` (next-token logits [B, T, V] aligned with the
-    inputs; a LIFT run is fed the states it uses at inference);
+    one is the argmax, from `Family.continuation_logits` (next-token logits [B, T, V] aligned with
+    the inputs; a LIFT run is fed the states it uses at inference; the double decoder reads the
+    context as context and the continuation as its block);
   - `loglikelihood_rolling` cuts a document into the harness's disjoint windows of seq_len
     predictions (`lm_eval.utils.get_rolling_token_windows`, context 1, EOS first) and sums them;
   - `generate_until` left-truncates each context to seq_len - max_gen_toks tokens, generates with
-    the family's cached decoder (`Family.generate`; a family without one, SED, decodes greedily
+    the family's decoder (`Family.decoder()`; a family without one, SED, decodes greedily
     through `token_logits`) and cuts the text at the first stop sequence or EOS.
 Rows always have the run's seq_len, so each batch shape compiles once whatever the families'
 layouts need. Registered with the harness as "nsl" by `register()` (`python -m nsl.evals.lm_eval`

@@ -7,7 +7,7 @@
 
 Reads the run's config.json and latest checkpoint, the task test set of its data dir
 (`task_test.npz`, nsl/data/tasks/task_data.py), decodes every prompt greedily with the family's
-decoder (`family.generate`: the shared KV-cache decoder for standard, sps, nextlat, mtp; LIFT
+decoder (`Family.decoder()`: the shared KV-cache decoder for standard, sps, nextlat, mtp; LIFT
 with its own-state feedback; the double decoder's own; batched, all prompts of a task have the
 same length) for the task's answer length, and scores with the task's checker (path-star: the ℓ path tokens exactly; countdown: any correct solution).
 Prints one JSON line and writes it to WORKDIR/planning.json. For path-star it also reports the

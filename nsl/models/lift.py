@@ -62,7 +62,7 @@ Evaluation (`token_logits` / `eval_nll`, EVAL_FEEDS): `own` = the states the run
 inference (own states for lift and lift_rnn, b for lift_no_states; the paper's metric),
 `teacher` = the teacher's states in parallel, `bias` = b. The trainer's eval is
 `lift.eval_feed` (own: `eval_val_nll`; another feed: `eval_val_nll_feed_<feed>`), and
-`python -m nsl.evals.nll --feed` records each feed under its own key.
+`python -m nsl.evals.nll --view` records each feed (a view, `LiftFamily.views`) under its own key.
 """
 
 from __future__ import annotations
@@ -323,7 +323,7 @@ def _own_state_scan(dims, spec, model, params, tokens_BT, choose_token=None, fee
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 5, 6))
 def _generate(dims, spec, model, params, prompt_BP, new_tokens: int, feed: str = "own"):
-  """`LiftFamily.generate`, one compiled program per shape: the prompt's tokens are fed in order,
+  """`LiftFamily.greedy` (its `Decoder.generate`), one compiled program per shape: the prompt's tokens are fed in order,
   then each argmax token, with the run's inference feed (own states, or b for lift_no_states)."""
   B, P = prompt_BP.shape
   padded = jnp.concatenate([prompt_BP, jnp.zeros((B, new_tokens), prompt_BP.dtype)], axis=1)
