@@ -63,17 +63,24 @@ def check_exportable(config) -> None:
   if unknown:
     raise ConfigError(f"config.model.{unknown[0]} is not known to nsl.hf, so the export could change the model's "
                       "function; teach nsl/hf.py how Llama holds it")
-  if m.get("mup_base_width"):
-    raise ConfigError(f"config.model.mup_base_width={m.mup_base_width} (μP) multiplies the logits and queries by "
+  dims = _dims(config)  # the model's fields with the schema's defaults (`nsl.nn.layers.Dims`)
+  if dims.mup_base_width:
+    raise ConfigError(f"config.model.mup_base_width={dims.mup_base_width} (μP) multiplies the logits and queries by "
                       "width factors that LlamaForCausalLM has no field for; export a run trained with μP off")
-  if m.get("mlp", "swiglu") != "swiglu":
-    raise ConfigError(f"config.model.mlp={m.mlp!r}: LlamaForCausalLM's MLP is SwiGLU; export a swiglu run")
-  if m.get("final_norm", "rmsnorm") != "rmsnorm":
-    raise ConfigError(f"config.model.final_norm={m.final_norm!r}: LlamaForCausalLM ends with an RMSNorm; "
+  if dims.mlp != "swiglu":
+    raise ConfigError(f"config.model.mlp={dims.mlp!r}: LlamaForCausalLM's MLP is SwiGLU; export a swiglu run")
+  if dims.final_norm != "rmsnorm":
+    raise ConfigError(f"config.model.final_norm={dims.final_norm!r}: LlamaForCausalLM ends with an RMSNorm; "
                       "export an rmsnorm run")
-  if m.get("window") is not None:
+  if m.window is not None:
     raise ConfigError(f"config.model.window={m.window}: LlamaForCausalLM attends to every earlier token (no "
                       "sliding window); export a run with window None")
+
+
+def _dims(config):
+  from nsl.nn.layers import Dims
+
+  return Dims.from_config(config)
 
 
 def _family_class(config):
@@ -97,7 +104,7 @@ def llama_config(config, eos_id: int | None) -> dict:
       # transformers < 5 reads rope_theta, >= 5 rope_parameters (and converts the former)
       "rope_theta": theta, "rope_parameters": {"rope_type": "default", "rope_theta": theta}, "rope_scaling": None,
       "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False, "pretraining_tp": 1,
-      "tie_word_embeddings": bool(m.get("tie_embeddings", True)), "torch_dtype": "float32", "use_cache": True,
+      "tie_word_embeddings": bool(_dims(config).tie_embeddings), "torch_dtype": "float32", "use_cache": True,
   }
   if eos_id is not None:  # nsl has no BOS: documents are separated by EOS, as GPT-2's are
     out.update(bos_token_id=int(eos_id), eos_token_id=int(eos_id))
@@ -131,7 +138,7 @@ def check_importable(hf: dict, config, where: str) -> None:
            ("rms_norm_eps", "norm_eps", hf.get("rms_norm_eps")), ("rope_theta", "rope_theta", theta),
            ("tie_word_embeddings", "tie_embeddings", hf.get("tie_word_embeddings", True)))
   for hf_key, key, value in pairs:
-    ours = m.get(key, True) if key == "tie_embeddings" else m[key]
+    ours = getattr(_dims(config), key)
     if isinstance(ours, float) or isinstance(value, float):
       same = value is not None and np.isclose(float(value), float(ours), rtol=1e-6, atol=0)
     else:
@@ -158,7 +165,7 @@ def to_hf(config, params) -> dict[str, np.ndarray]:
   d = int(config.model.d_model)
   out = {"model.embed_tokens.weight": f32(params["embed"]["embedding"]),
          "model.norm.weight": f32(params["trunk"]["final_norm"]["scale"])}
-  if not config.model.get("tie_embeddings", True):
+  if not _dims(config).tie_embeddings:
     out["lm_head.weight"] = f32(params["embed"]["head"])
   for i, p in enumerate(_layers(params["trunk"], int(config.model.n_layers))):
     pre = f"model.layers.{i}."
@@ -193,7 +200,7 @@ def from_hf(config, tensors: dict[str, np.ndarray], abstract, where: str):
 
   f, v = int(m.d_ff), int(m.vocab_size)
   embed = {"embedding": get("model.embed_tokens.weight", (v, d))}
-  if not m.get("tie_embeddings", True):
+  if not _dims(config).tie_embeddings:
     embed["head"] = get("lm_head.weight", (v, d))
   trunk = {"final_norm": {"scale": get("model.norm.weight", (d,))}}
   for i in range(int(m.n_layers)):

@@ -1,4 +1,5 @@
-"""NextLat's self-speculative decoder: drafts from its latent dynamics model (docs/papers/nextlat.md#speculative-decoding).
+"""NextLat's self-speculative decoder, drafting with its latent dynamics model
+(docs/papers/nextlat.md#speculative-decoding).
 
 The decoder a NextLat family's `Decoder.speculative` builds (nsl/models/decoder.py); `nsl.speculative`
 measures it against plain decoding.
