@@ -50,8 +50,6 @@ def test_the_docs_name_configs():  # the scan finds what the pages show (a broke
   assert {"configs/tiny.py", "configs/demo.py", "configs/sps.py:xl", "configs/dd.py:dd_50m"} <= set(MENTIONS)
 
 
-@pytest.mark.xfail(strict=True, reason="docs/xcheck/nextlat.md names configs/nextlat.py:path_star_recipe, a "
-                   "function of that file, not an ARG (its docs owner rewords it; then drop this mark)")
 def test_every_config_the_docs_name_resolves():
   broken = []
   for spec, pages in MENTIONS.items():
