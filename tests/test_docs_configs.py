@@ -8,7 +8,6 @@ import glob
 import os
 import re
 
-import pytest
 
 from nsl import config as nsl_config
 from nsl.errors import ConfigError
