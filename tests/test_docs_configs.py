@@ -8,7 +8,6 @@ import glob
 import os
 import re
 
-
 from nsl import config as nsl_config
 from nsl.errors import ConfigError
 from tests.helpers import ROOT
