@@ -426,7 +426,7 @@ class WorkdirLock:
   (docs/guide/storage.md#the-workdir-lock).
   """
 
-  NAME = ".nsl.lock"
+  NAME = lease.RUN_LOCK
   SECONDS = lease.DEFAULT_SECONDS
 
   def __init__(self, held: "lease.Lease"):

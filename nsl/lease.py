@@ -24,6 +24,7 @@ import time
 from nsl import procs, storage
 
 DEFAULT_SECONDS = 120.0  # a lease's life without renewal: the longest a dead remote holder blocks
+RUN_LOCK = ".nsl.lock"  # a run directory's lease (nsl.checkpoint.WorkdirLock), read by the grid runner too
 
 
 class Lease:

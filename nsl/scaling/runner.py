@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 
-from nsl import storage
+from nsl import lease, storage
 from nsl.errors import ConfigError
 from nsl.scaling import griddata
 from nsl.scaling.cells import (CELL_FILE, LOCK_FILE, STATUS_FILE, Cell, log_tail, read_json, result_status, stamp,
@@ -24,6 +24,7 @@ from nsl.scaling.locks import CellLock
 
 
 LOST = 75  # a backend's status for a cell whose host or slice went away (preempted): not a failure
+WAIT = "wait"  # `_start`: not now, the run is still held by its last attempt's trainer
 
 
 class Runner:
@@ -41,6 +42,7 @@ class Runner:
     self.parallel, self.retries, self.poll_seconds, self.out = parallel, retries, poll_seconds, out
     self.stop_requested = 0
     self.placed: dict[str, tuple] = {}  # run_id -> the grid data's placement overrides
+    self.waiting: set[str] = set()  # cells whose last trainer still holds their run
 
   def _dir(self, run_id: str) -> str:
     return storage.join(self.root, run_id)
@@ -101,6 +103,9 @@ class Runner:
             break
           slot = min(set(range(self.parallel)) - {a[4] for a in active.values()})
           started = self._start(cell, slot, busy_elsewhere)
+          if started == WAIT:  # its last attempt's trainer still holds the run: try it again later
+            queue.append(cell)
+            break
           if started:
             active[cell.run_id] = started
         for run_id, (cell, handle, lock, t0, _) in list(active.items()):
@@ -161,6 +166,15 @@ class Runner:
       update_status(d, status="done")
       lock.release()
       return None
+    if lease.held(storage.join(d, lease.RUN_LOCK)):
+      # A lost host's trainer that is still saving and exiting (or whose lease has not lapsed yet):
+      # a new attempt started now would refuse the run in use (exit 2, never retried).
+      lock.release()
+      if cell.run_id not in self.waiting:
+        self.waiting.add(cell.run_id)
+        self._say(f"waiting for {cell.run_id}'s last trainer to release the run before it starts again")
+      return WAIT
+    self.waiting.discard(cell.run_id)
     status = read_json(storage.join(d, STATUS_FILE)) or {}
     attempt = int(status.get("attempts", 0)) + 1
     placed = dataclasses.replace(cell, overrides=cell.overrides + self.placed.get(cell.run_id, ()))

@@ -168,7 +168,7 @@ def test_a_stopped_runner_makes_every_host_checkpoint_and_exit(ray_slices, data,
     workdir = wait_for(lambda: next((d for d in cell_dirs(root) if checkpoints(d)), None), runner)
     hosts = [wait_for(lambda: trainer(str(workdir), i), runner) for i in (0, 1)]
     runner.send_signal(signal.SIGTERM)
-    out = runner.communicate(timeout=120)[0]
+    out = runner.communicate(timeout=300)[0]
   finally:
     stop(runner)
   assert runner.returncode == 1 and "stopping: SIGTERM to 1 run(s)" in out, out[-3000:]
