@@ -24,13 +24,17 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str
   parser = ArgumentParser(prog="python -m nsl.launch", description=__doc__.split("\n")[0])
   parser.add_argument("--config", required=True, help="config file with get_config(), or FILE.py:ARG (configs/sps.py:xl)")
   parser.add_argument("--workdir", help="run directory, local or gs://bucket/dir (required for training)")
-  parser.add_argument("--mode", default="train", choices=("train", "describe"))
+  parser.add_argument("--mode", default="train", choices=("train", "describe"),
+                      help="train, or describe: one JSON line of counts and FLOPs from shapes alone")
   parser.add_argument("--restore_from", default=None, help="initialise parameters from another run's workdir (local or gs://)")
   parser.add_argument("--distributed", default="off", choices=("off", "auto", "explicit"),
                       help="initialise jax.distributed (explicit is implied by --coordinator_address)")
-  parser.add_argument("--coordinator_address", default=os.environ.get("NSL_COORDINATOR_ADDRESS"))
-  parser.add_argument("--num_processes", type=int, default=_env_int("NSL_NUM_PROCESSES"))
-  parser.add_argument("--process_id", type=int, default=_env_int("NSL_PROCESS_ID"))
+  parser.add_argument("--coordinator_address", default=os.environ.get("NSL_COORDINATOR_ADDRESS"),
+                      help="HOST:PORT of process 0 (or $NSL_COORDINATOR_ADDRESS)")
+  parser.add_argument("--num_processes", type=int, default=_env_int("NSL_NUM_PROCESSES"),
+                      help="number of processes (or $NSL_NUM_PROCESSES)")
+  parser.add_argument("--process_id", type=int, default=_env_int("NSL_PROCESS_ID"),
+                      help="this process's index (or $NSL_PROCESS_ID)")
   parser.add_argument("--quiet", action="store_true", help="no progress display")
   from nsl.config import split_overrides
 

@@ -298,10 +298,10 @@ def main(argv: list[str] | None = None) -> int:
   p = _Parser(prog="python -m nsl.scaling.grid", description=__doc__.split("\n")[0])
   sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
   ls = sub.add_parser("list", help="print the expanded cells without running them")
-  ls.add_argument("--grid", required=True)
+  ls.add_argument("--grid", required=True, help="the grid file (configs/grids/NAME.py)")
   ls.add_argument("--json", action="store_true", help="one JSON object per cell")
   run = sub.add_parser("run", help="run every unfinished cell")
-  run.add_argument("--grid", required=True)
+  run.add_argument("--grid", required=True, help="the grid file (configs/grids/NAME.py)")
   run.add_argument("--root", required=True, help="one directory per cell goes here: local, or gs://BUCKET/DIR "
                    "(then the bucket is all the runner and the workers share)")
   run.add_argument("--backend", default="local", choices=tuple(backends.BACKENDS),
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
   run.add_argument("--poll_seconds", type=float, default=1.0, help="how often the runner polls its cells")
   backends.add_arguments(run)
   st = sub.add_parser("status", help="print a table of the cells under --root (running: step, loss, time left)")
-  st.add_argument("--root", required=True)
+  st.add_argument("--root", required=True, help="the grid root (one directory per cell), local or gs://")
   st.add_argument("--json", action="store_true", help="one JSON object per cell")
   plan_cmd.add_parser(sub)
   args = p.parse_args(argv)
