@@ -113,14 +113,19 @@ def check_remote_workdir(workdir: str) -> str:
   if foreign:
     raise ConfigError(f"--workdir={workdir} holds objects nsl did not write ({', '.join(foreign[:3])}"
                       f"{', ...' if len(foreign) > 3 else ''}); choose a new prefix for the run")
-  probe = storage.join(path, f".nsl-write-test-{os.getpid()}")
+  _probe_write(path, f".nsl-write-test-{os.getpid()}", f"--workdir={workdir} is not writable",
+               "check the credentials' permissions or choose another --workdir")
+  return path
+
+
+def _probe_write(path: str, name: str, what: str, fix: str) -> None:
+  """Writes and removes one object under `path`: ConfigError `what (cause); fix` when it cannot."""
+  probe = storage.join(path, name)
   try:
     storage.write_text(probe, "")
     storage.remove(probe)
   except Exception as e:
-    raise ConfigError(f"--workdir={workdir} is not writable ({type(e).__name__}: {' '.join(str(e).split())[:120]}); "
-                      "check the credentials' permissions or choose another --workdir") from None
-  return path
+    raise ConfigError(f"{what} ({type(e).__name__}: {' '.join(str(e).split())[:120]}); {fix}") from None
 
 
 def check_shared_workdir(workdir: str, process: int) -> None:
@@ -132,13 +137,8 @@ def check_shared_workdir(workdir: str, process: int) -> None:
   if not storage.isdir(path) and not storage.is_remote(path):
     raise ConfigError(f"{where} does not see the directory process 0 made; every host must see one workdir "
                       "(a gs:// bucket, or a filesystem all hosts mount at the same path)")
-  probe = storage.join(path, f".nsl-write-test-{socket.gethostname()}-{os.getpid()}")
-  try:
-    storage.write_text(probe, "")
-    storage.remove(probe)
-  except Exception as e:
-    raise ConfigError(f"{where} cannot write there ({type(e).__name__}: {' '.join(str(e).split())[:120]}); "
-                      "every host needs write access to the workdir") from None
+  _probe_write(path, f".nsl-write-test-{socket.gethostname()}-{os.getpid()}", f"{where} cannot write there",
+               "every host needs write access to the workdir")
 
 
 def check_restore_from(path: str) -> None:
