@@ -84,7 +84,9 @@ def run(workdir: str, name: str, argv: list[str], upload_seconds: float = 15.0,
     a save that needs a lost peer's collective would otherwise hang, orphaned."""
     if proc.poll() is None:
       proc.send_signal(signal.SIGTERM)
-      threading.Timer(grace_seconds, lambda: proc.poll() is None and proc.kill()).start()
+      timer = threading.Timer(grace_seconds, lambda: proc.poll() is None and proc.kill())
+      timer.daemon = True  # the task exits with its program, not when the timer would have fired
+      timer.start()
 
   signal.signal(signal.SIGTERM, forward)
   signal.signal(signal.SIGINT, signal.SIG_IGN)
