@@ -4,7 +4,9 @@ export, a hub corpus or W&B learns the `pip install -e '.[EXTRA]'` from the erro
 package is made unimportable here (`sys.modules[name] = None`); libtpu's message (nsl.topology) is
 checked by hand in a core-only venv, since JAX finds its TPU plugin once per process."""
 
+import os
 import re
+import subprocess
 import sys
 import tomllib
 
@@ -17,15 +19,16 @@ from tests.helpers import ROOT
 
 
 def _gcs():
-  import fsspec  # noqa: F401
-  registry_module = sys.modules["fsspec.registry"]  # `fsspec.registry` is also a mapping's name
-  # fsspec keeps the class of a protocol another test already used: forget gs:// so this one has to
-  # import gcsfs (and fails as a user's would); never a request to a real bucket from the suite.
-  registry = {k: v for k, v in registry_module._registry.items() if k not in ("gs", "gcs")}
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(registry_module, "_registry", registry)
-    mp.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")
-    storage.check_bucket("gs://nsl-no-such-bucket/run", "--workdir")
+  """In a fresh interpreter: fsspec and etils.epath keep the gs:// class of a test that ran before in
+  this one, so gcsfs would never be imported again here. A closed localhost port stands in for GCS:
+  the suite never sends a request off this host."""
+  code = ("import sys; sys.modules['gcsfs'] = None\n"
+          "from nsl import storage\nfrom nsl.errors import NslError\n"
+          "try:\n  storage.check_bucket('gs://nsl-no-such-bucket/run', '--workdir')\n"
+          "except NslError as e:\n  print(e)\n")
+  env = dict(os.environ, STORAGE_EMULATOR_HOST="http://127.0.0.1:9")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+  raise NslError(out.stdout.strip() or out.stderr.strip()[-500:])
 
 
 def _lmeval():
