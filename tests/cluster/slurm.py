@@ -51,8 +51,15 @@ def _run(*argv: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
   return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, **kw)
 
 
+def _sbin_on_path() -> None:
+  """Debian puts the daemons in /usr/sbin, which a non-login PATH (CI's, `env -i`) may lack."""
+  path = os.environ.get("PATH", "").split(os.pathsep)
+  os.environ["PATH"] = os.pathsep.join(path + [d for d in ("/usr/local/sbin", "/usr/sbin", "/sbin") if d not in path])
+
+
 def install() -> None:
   """apt-get install slurm-wlm munge when a daemon is missing; Unavailable where apt cannot."""
+  _sbin_on_path()
   if all(shutil.which(d) for d in DAEMONS):
     return
   if os.geteuid() != 0:
