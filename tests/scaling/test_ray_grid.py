@@ -230,7 +230,10 @@ def test_a_lost_node_is_a_preemption_and_the_cell_resumes_on_a_whole_slice(unint
     name = next((workdir / "logs").glob("*-host1.log")).name.rsplit("-host", 1)[0]
     hosts = ray_slices.hosts[name]
     ray_slices.remove_node(hosts[1])
-    hosts[1] = ray_slices.add_node(num_cpus=0, resources={name: 1}, **own_disk(9))  # the host, recreated
+    with pytest.MonkeyPatch.context() as mp:  # the recreated raylet's environment is its trainers', as
+      mp.setenv("XLA_FLAGS", SUBPROCESS_XLA_FLAGS)  # the fixture's: not this process's 8 fake devices
+      mp.setenv("JAX_PLATFORMS", "cpu")
+      hosts[1] = ray_slices.add_node(num_cpus=0, resources={name: 1}, **own_disk(9))  # the host, recreated
     out = runner.communicate(timeout=180)[0]
   finally:
     stop(runner)
