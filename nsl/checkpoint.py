@@ -70,6 +70,21 @@ class _DiskFullLogs(logging.Filter):
 logging.getLogger("absl").addFilter(_DiskFullLogs())
 
 
+class _AbandonedReads(logging.Filter):
+  """Drops asyncio's "Task/Future exception was never retrieved" for the array reads Orbax started
+  beside one that failed on a damaged or mismatched step (`async_deserialize`, TensorStore's
+  DATA_LOSS on an OCDBT manifest): the restore's failure is already reported in one line; collected
+  later, each abandoned read would print its traceback. Every other asyncio record passes."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    unretrieved = message.startswith(("Task exception was never retrieved", "Future exception was never retrieved"))
+    return not (unretrieved and any(m in message for m in ("async_deserialize", "DATA_LOSS", "ocdbt")))
+
+
+logging.getLogger("asyncio").addFilter(_AbandonedReads())
+
+
 class Checkpointer:
   def __init__(self, directory: str, keep: int, async_save: bool = True):
     self.directory = storage.resolve(directory)  # a local directory or gs://bucket/...
