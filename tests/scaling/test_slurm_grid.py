@@ -26,7 +26,7 @@ from nsl import storage
 from nsl.scaling import slurm as slurm_backend
 from tests.cluster.slurm import slurm  # noqa: F401 (the session's Slurm fixture)
 from tests.helpers import ROOT, SUBPROCESS_XLA_FLAGS
-from tests.storage.emulator import Emulator
+from tests.storage.emulator import bucket_env
 
 pytestmark = pytest.mark.slow  # end to end: training runs under a real Slurm, tens of seconds each
 
@@ -97,16 +97,8 @@ def trainer_pids(workdir: str) -> list[int]:
 @pytest.fixture(scope="module")
 def bucket(tmp_path_factory):
   """The emulator with a bucket `bucket`; this process's environment points at it meanwhile."""
-  saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "NSL_CACHE_DIR")}
-  with Emulator() as emu:
-    emu.make_bucket("bucket")
-    os.environ.update(emu.env(), NSL_CACHE_DIR=str(tmp_path_factory.mktemp("cache")))
-    storage.configure()
-    try:
-      yield emu
-    finally:
-      for k, v in saved.items():
-        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+  with bucket_env(str(tmp_path_factory.mktemp("cache"))) as emu:
+    yield emu
 
 
 @pytest.fixture(scope="module")

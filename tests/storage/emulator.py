@@ -11,6 +11,7 @@ server mid-checkpoint, so the bundled binary is started here with its log in a f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -89,3 +90,24 @@ class Emulator:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+@contextlib.contextmanager
+def bucket_env(cache_dir: str):
+  """A running emulator with a bucket `bucket`, this process's environment pointed at it (and nsl's
+  cache in `cache_dir`) until the block ends: the storage tests' and the grid backends' fixture."""
+  from nsl import storage
+
+  keys = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING", "NSL_CACHE_DIR")
+  saved = {k: os.environ.get(k) for k in keys}
+  with Emulator() as emu:
+    emu.make_bucket("bucket")
+    os.environ.update(emu.env(), NSL_CACHE_DIR=cache_dir)
+    for k in ("TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING"):
+      os.environ.pop(k, None)
+    storage.configure()
+    try:
+      yield emu
+    finally:
+      for k, v in saved.items():
+        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
