@@ -41,6 +41,7 @@ import numpy as np
 
 from nsl.errors import ArgumentParser, NslError, cli_main
 from nsl import runs
+from nsl.evals import kinds
 
 CHANCE = 1.0 / 120
 # What the rows are, the default rows, chance (None: not meaningful) and the longest trained row.
@@ -259,16 +260,14 @@ def main(argv=None) -> int:
   p.add_argument("--runs", default="", help="comma-separated run directories")
   p.add_argument("--root", default="", help="a grid root: every done cell, grouped by its labels but the seed")
   p.add_argument("--force", action="store_true", help="with --root: re-score cells that have a record")
-  p.add_argument("--lengths", default="", help="rows, e.g. 1-16,20,32 (default: the task's)")
-  p.add_argument("--per_length", type=int, default=2000, help="test sequences per length")
-  p.add_argument("--batch_size", type=int, default=2000, help="rows per forward pass")
-  p.add_argument("--data", default="", help="S5 / arithmetic task dir (default: each run's data.path)")
-  p.add_argument("--view", "--feed", dest="view", default="own",
-                 help="a named view of each run's logits (the family's; LIFT: own, bias, the states fed at test)")
+  # --data, --lengths, --per_length, --batch_size, --view: the fields of config.evals' kind
+  kinds.add_flags(p, kinds.LengthGeneralization)
   p.add_argument("--out", default="", help="where to write the JSON record (default: each run's workdir)")
   a = p.parse_args(argv)
   from nsl.data import rundata
   from nsl.evals import common
+
+  kinds.check_flags(a, kinds.LengthGeneralization)
 
   if bool(a.runs) == bool(a.root):
     raise NslError("give --runs=A,B,... or --root=GRID_ROOT (one of them)")

@@ -40,7 +40,7 @@ import os
 import sys
 
 from nsl.errors import ArgumentParser, ConfigError, DataError, NslError, cli_main
-from nsl.evals import common
+from nsl.evals import common, kinds
 
 
 Parser = ArgumentParser  # argparse whose mistakes are one line and exit status 2 (nsl.errors)
@@ -230,15 +230,13 @@ def main(argv: list[str] | None = None) -> int:
   p = common.run_parser("nll", __doc__)
   p.add_argument("--data", action="append", default=[], help="DIR or NAME=DIR prepared with nsl.data.prepare "
                  "(repeatable; default: the run's own data)")
-  p.add_argument("--split", default="val", help="split of every data dir to score")
-  p.add_argument("--max_batches", type=int, default=None, help="at most this many batches per set")
+  kinds.add_flags(p, kinds.Nll)  # --split, --max_batches: the fields of config.evals' nll kind
   p.add_argument("--batch_size", type=int, default=None, help="sequences per batch (default: the run's)")
   p.add_argument("--view", "--feed", dest="view", default=None,
                  help="a named view of the run's logits (the family's views; LIFT: own, teacher, bias, the states "
                       "fed; default its first, own: LIFT's states fed back token by token, the paper's metric)")
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
-  if args.max_batches is not None and args.max_batches < 1:
-    raise NslError(f"--max_batches={args.max_batches}: must be >= 1")
+  kinds.check_flags(args, kinds.Nll)
   sets = [_parse_data(d) for d in args.data]
   import ml_collections
 

@@ -42,7 +42,7 @@ import numpy as np
 
 from nsl.errors import NslError, cli_main
 from nsl import runs
-from nsl.evals import common
+from nsl.evals import common, kinds
 
 
 def load_run(workdir: str):
@@ -249,15 +249,12 @@ def evaluate_curve(workdir: str, limit: int | None = None, batch_size: int = 250
 @cli_main
 def main(argv=None) -> int:
   p = common.run_parser("planning", __doc__)
-  p.add_argument("--limit", type=int, default=None, help="first N test problems only")
-  p.add_argument("--batch_size", type=int, default=250, help="test problems per decoding batch")
-  p.add_argument("--data", default=None, help="task data dir (default: the run's data.path)")
+  # --data, --limit, --batch_size, --temperature, --sample_seed: the fields of config.evals' planning kind
+  kinds.add_flags(p, kinds.Planning)
   p.add_argument("--all_checkpoints", action="store_true",
                  help="score every kept checkpoint: the learning curve in WORKDIR/planning_curve.json")
-  p.add_argument("--temperature", type=float, default=0.0,
-                 help="0: greedy; > 0: sample the answers at this temperature (NextLat's paper: 1.0)")
-  p.add_argument("--sample_seed", type=int, default=0, help="the sampling key's seed (with --temperature > 0)")
   a = p.parse_args(argv)
+  kinds.check_flags(a, kinds.Planning)
   if a.all_checkpoints:
     curve = evaluate_curve(a.workdir, a.limit, a.batch_size, a.data, a.temperature, a.sample_seed)
     for point in curve["points"]:

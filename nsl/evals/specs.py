@@ -5,35 +5,23 @@
   c.evals = {"wiki": {"kind": "nll", "data": "data/wiki-bpe4k", "batches": 4},
              "arc": {"kind": "zeroshot", "task": "arc_easy", "data": "tasks/arc_easy.jsonl", "limit": 200}}
 
-`validate` checks the shape only (names, kinds, fields, types, ranges), so `nsl.config.validate`
-can call it where the data is not at hand (a grid listed on a laptop, `nsl.compile`); the files
-are checked when the trainer builds the evaluators (`nsl.evals.evaluators.build`). Kept free of
-JAX and of the evaluators' modules, which import what imports `nsl.config`.
+Each kind and its fields are defined once, in `nsl.evals.kinds` (their reference:
+docs/reference/evaluators.md); `resolve` turns a spec into an instance of its kind. `validate`
+checks the shape only (names, kinds, fields, types, ranges), so `nsl.config.validate` can call it
+where the data is not at hand (a grid listed on a laptop, `nsl.compile`); the files are checked
+when the trainer builds the evaluators (`nsl.evals.evaluators.build`). Kept free of JAX and of the
+evaluators' modules, which import what imports `nsl.config`.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
-from typing import Any
 
 from nsl.errors import ConfigError
+from nsl.evals.kinds import KINDS, Kind, Option, options
 
-REQUIRED = object()
-# kind -> field -> (type, default). A default of REQUIRED must be given; "" for a data dir means
-# the run's own data (config.data.path); 0 for a count means "all" (or, for nll's batches,
-# train.eval_batches). The defaults equal the stand-alone commands' flags.
-KINDS: dict[str, dict[str, tuple[type, Any]]] = {
-    "nll": {"data": (str, REQUIRED), "split": (str, "val"), "batches": (int, 0)},
-    "zeroshot": {"task": (str, REQUIRED), "data": (str, REQUIRED), "limit": (int, 0), "batch_size": (int, 16)},
-    "length_generalization": {"data": (str, ""), "lengths": (str, ""), "per_length": (int, 2000),
-                              "batch_size": (int, 2000), "view": (str, "own")},
-    "planning": {"data": (str, ""), "limit": (int, 0), "batch_size": (int, 250), "temperature": (float, 0.0),
-                 "sample_seed": (int, 0)},
-}
-# Fields that must be >= 1 (the others that are ints must be >= 0).
-POSITIVE = {"batch_size", "per_length"}
-CHOICES: dict[str, tuple[str, ...]] = {}  # a view is checked by the run's family (`Family.views`)
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 
@@ -41,6 +29,11 @@ def _as_dict(value) -> dict | None:
   if hasattr(value, "to_dict"):  # an ml_collections.ConfigDict
     return value.to_dict()
   return dict(value) if isinstance(value, dict) else None
+
+
+def _did_you_mean(word, known) -> str:
+  close = difflib.get_close_matches(str(word), [str(k) for k in known], n=1)
+  return f"did you mean {close[0]!r}? " if close else ""
 
 
 def _check_type(where: str, value, kind: type) -> None:
@@ -55,8 +48,23 @@ def _check_type(where: str, value, kind: type) -> None:
     raise ConfigError(f"{where}={value!r} must be {what}")
 
 
-def resolve(name: str, spec) -> dict[str, Any]:
-  """The spec of evaluator `name` with its defaults filled in; ConfigError naming the field."""
+def _field(where: str, kind: str, o: Option, value):
+  """The value of field `o` given `value` (absent or None: its default); ConfigError naming it."""
+  if value is None and not o.required:
+    value = o.default  # None (an ml_collections placeholder) reads as the default
+  if o.required and value in ("", None):
+    raise ConfigError(f"{where} is required for a {kind!r} evaluator")
+  _check_type(where, value, o.type)
+  if o.minimum is not None and value < o.minimum:
+    raise ConfigError(f"{where}={value} must be >= {o.minimum:g}")
+  if o.choices and value not in o.choices:
+    raise ConfigError(f"{where}={value!r} is unknown; {_did_you_mean(value, o.choices)}choose one of {list(o.choices)}")
+  return float(value) if o.type is float else value
+
+
+def resolve(name: str, spec) -> Kind:
+  """The spec of evaluator `name` as an instance of its kind (`nsl.evals.kinds`), defaults filled
+  in; ConfigError naming the field."""
   where = f"config.evals.{name}"
   if not isinstance(name, str) or not NAME.match(name):
     raise ConfigError(f"{where}: an evaluator's name must be letters, digits and _ (starting with a letter); "
@@ -66,35 +74,16 @@ def resolve(name: str, spec) -> dict[str, Any]:
     raise ConfigError(f"{where} must be a dict with a 'kind' (one of {sorted(KINDS)}), got {spec!r}")
   kind = fields.pop("kind", None)
   if kind not in KINDS:
-    raise ConfigError(f"{where}.kind={kind!r} is unknown; choose one of {sorted(KINDS)}")
-  allowed = KINDS[kind]
-  unknown = sorted(set(fields) - set(allowed))
+    raise ConfigError(f"{where}.kind={kind!r} is unknown; {_did_you_mean(kind, KINDS)}choose one of {sorted(KINDS)}")
+  allowed = options(KINDS[kind])
+  unknown = sorted(set(fields) - {o.name for o in allowed})
   if unknown:
-    raise ConfigError(f"{where}.{unknown[0]}: not a field of a {kind!r} evaluator; its fields: {sorted(allowed)}")
-  out = {"kind": kind}
-  for field, (typ, default) in allowed.items():
-    value = fields.get(field, default)
-    if value is None and default is not REQUIRED:
-      value = default  # None (an ml_collections placeholder) reads as the default
-    if value is REQUIRED or (default is REQUIRED and value in ("", None)):
-      raise ConfigError(f"{where}.{field} is required for a {kind!r} evaluator")
-    _check_type(f"{where}.{field}", value, typ)
-    if typ is int and value < (1 if field in POSITIVE else 0):
-      raise ConfigError(f"{where}.{field}={value} must be >= {1 if field in POSITIVE else 0}")
-    if typ is float and value < 0:
-      raise ConfigError(f"{where}.{field}={value} must be >= 0")
-    if field in CHOICES and value not in CHOICES[field]:
-      raise ConfigError(f"{where}.{field}={value!r} must be one of {CHOICES[field]}")
-    out[field] = float(value) if typ is float else value
-  if kind == "zeroshot":
-    from nsl.evals.zeroshot_tasks import READERS
-
-    if out["task"] not in READERS:
-      raise ConfigError(f"{where}.task={out['task']!r} is unknown; choose one of {sorted(READERS)}")
-  return out
+    raise ConfigError(f"{where}.{unknown[0]}: not a field of a {kind!r} evaluator; "
+                      f"{_did_you_mean(unknown[0], [o.name for o in allowed])}its fields: {[o.name for o in allowed]}")
+  return KINDS[kind](**{o.name: _field(f"{where}.{o.name}", kind, o, fields.get(o.name)) for o in allowed})
 
 
-def resolve_all(config) -> dict[str, dict[str, Any]]:
+def resolve_all(config) -> dict[str, Kind]:
   """{name: resolved spec} of `config.evals` (empty when the config has none: runs from before the field)."""
   evals = config.get("evals") if hasattr(config, "get") else None
   if evals is None:

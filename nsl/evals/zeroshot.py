@@ -20,7 +20,7 @@ import os
 import sys
 
 from nsl.errors import NslError, cli_main
-from nsl.evals import common, zeroshot_tasks
+from nsl.evals import common, kinds, zeroshot_tasks
 from nsl.evals.nll import check_workdir, merge_result
 
 
@@ -73,13 +73,9 @@ def main(argv: list[str] | None = None) -> int:
   p = common.run_parser("zeroshot", __doc__)
   p.add_argument("--task", action="append", required=True,
                  help=f"TASK=PATH.jsonl, TASK one of {sorted(zeroshot_tasks.READERS)} (repeatable)")
-  p.add_argument("--limit", type=int, default=None, help="first N examples of each file")
-  p.add_argument("--batch_size", type=int, default=16, help="rows per forward pass")
+  kinds.add_flags(p, kinds.Zeroshot)  # --limit, --batch_size: the fields of config.evals' zeroshot kind
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
-  if args.limit is not None and args.limit < 1:
-    raise NslError(f"--limit={args.limit}: must be >= 1")
-  if args.batch_size < 1:
-    raise NslError(f"--batch_size={args.batch_size}: must be >= 1")
+  kinds.check_flags(args, kinds.Zeroshot)
   tasks = [_parse_task(t) for t in args.task]
   for task, path in tasks:  # malformed files fail before the model loads
     zeroshot_tasks.read_examples(path, task, args.limit)

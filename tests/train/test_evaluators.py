@@ -3,6 +3,7 @@
 
 import json
 import os
+import re
 import shutil
 
 import jax
@@ -52,7 +53,8 @@ def test_the_trainer_logs_two_evaluators_at_every_eval_step(corpus, tmp_path):
 @pytest.mark.parametrize("evals, message", [
     ({"x": {"kind": "bleu"}}, "config.evals.x.kind='bleu' is unknown"),
     ({"x": {"kind": "nll"}}, "config.evals.x.data is required"),
-    ({"x": {"kind": "nll", "data": "d", "batchez": 2}}, "config.evals.x.batchez: not a field"),
+    ({"x": {"kind": "nll", "data": "d", "batchez": 2}},
+     "config.evals.x.batchez: not a field of a 'nll' evaluator; did you mean 'batches'?"),
     ({"x": {"kind": "planning", "batch_size": 0}}, "config.evals.x.batch_size=0 must be >= 1"),
     ({"x": {"kind": "zeroshot", "task": "mmlu", "data": "f"}}, "config.evals.x.task='mmlu' is unknown"),
     ({"x-y": {"kind": "nll", "data": "d"}}, "config.evals.x-y: an evaluator's name"),
@@ -62,7 +64,7 @@ def test_bad_specs_name_the_field(evals, message):
 
   c = base.get_config()
   c.evals = evals
-  with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
+  with pytest.raises(ConfigError, match=re.escape(message)):
     specs.validate(c)
 
 
