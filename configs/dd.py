@@ -94,17 +94,15 @@ def _family_fields(c, arch: str, gen_layers: int):
   authors_trunk(c)
   c.train.weight_decay = WEIGHT_DECAY
   if arch == "dd":
-    c.model.gen_layers = gen_layers
+    c.double_decoder.gen_layers = gen_layers
+    c.double_decoder.cross_kv = "shared"
   if arch == "sed":  # encoder as DD's context decoder, 3/4 of its generation layers
-    c.model.gen_layers = sed_decoder_layers(gen_layers)
-    c.model.n_layers = c.model.n_layers - gen_layers + c.model.gen_layers
-    c.model.sed_cross_rope = True
-  if arch == "dd":
-    c.model.dd_cross_kv = "shared"
-  if arch == "sed":
-    c.model.noise_density = 0.15
-    c.model.mean_span = 4.0
-    c.model.sentinels = SENTINELS
+    c.sed.gen_layers = sed_decoder_layers(gen_layers)
+    c.model.n_layers = c.model.n_layers - gen_layers + c.sed.gen_layers
+    c.sed.cross_rope = True
+    c.sed.noise_density = 0.15
+    c.sed.mean_span = 4.0
+    c.sed.sentinels = SENTINELS
   c.train.lr = LR[arch]
   return c
 

@@ -128,7 +128,7 @@ def nextlat_tiny():
   c = authors_trunk(tiny.get_config())
   c.family = "nextlat"
   c.model.variant = "nextlat"
-  c.model.nextlat = nextlat_section(hidden=2 * c.model.d_model)
+  c.nextlat = nextlat_section(hidden=2 * c.model.d_model)
   c.data.answer_token = -1  # plain text: no prompt masking
   return c
 
@@ -137,7 +137,7 @@ def mtp_tiny():
   c = authors_trunk(tiny.get_config())
   c.family = "mtp"
   c.model.variant = "mtp"
-  c.model.mtp = mtp_section(horizon=4)
+  c.mtp = mtp_section(horizon=4)
   c.data.answer_token = -1
   return c
 
@@ -150,7 +150,7 @@ def nextlat_path_star():
   # the final-normed latent. (nsl's earlier model, with the head tied to the embedding and L_KL
   # training only p_ψ, collapsed here with this latent at CPU scale and needed `latent="residual"`;
   # docs/xcheck/nextlat.md has what the authors' model does.)
-  c.model.nextlat = nextlat_section(lambda_h=1.0, lambda_kl=1.0, horizon=PATH_STAR_L - 2,
+  c.nextlat = nextlat_section(lambda_h=1.0, lambda_kl=1.0, horizon=PATH_STAR_L - 2,
                                     hidden=authors_hidden(c.model.d_model), draft_len=4)
   return c
 
@@ -166,8 +166,7 @@ def mtp_path_star():
   c = nextlat_path_star()
   c.family = "mtp"
   c.model.variant = "mtp"
-  del c.model["nextlat"]
-  c.model.mtp = mtp_section(horizon=PATH_STAR_L - 2)
+  c.mtp = mtp_section(horizon=PATH_STAR_L - 2)
   return c
 
 
@@ -176,7 +175,7 @@ def nextlat_countdown():
   c.family = "nextlat"
   c.model.variant = "nextlat"
   # The paper's λ_h = 2, λ_KL = 1, d = 1, MLP hidden 768 at 768d (proj_factor 0.5; 128 at this width).
-  c.model.nextlat = nextlat_section(lambda_h=2.0, lambda_kl=1.0, horizon=1, hidden=authors_hidden(c.model.d_model),
+  c.nextlat = nextlat_section(lambda_h=2.0, lambda_kl=1.0, horizon=1, hidden=authors_hidden(c.model.d_model),
                                     draft_len=4)
   return c
 

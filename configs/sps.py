@@ -50,7 +50,7 @@ def variant_config(variant: str, family: str = "sps"):
   # Pinned (it is also nsl.models.sps.DEFAULT_LAYOUT): the CPU study's cells ran stream-major,
   # and the grid keys its cells by the config, so a later change of the default cannot re-key them.
   if family == "sps":
-    c.model.layout = "stream_major"
+    c.sps.layout = "stream_major"
   return tiny.cpu_recipe(c, batch_size=16, steps=240, every=120)
 
 
@@ -65,7 +65,7 @@ def ladder_config(variant: str, size: str):
   c.model.window = None if variant == "twox_memory" else 64
   # Same losses as "interleaved"; the chunked/kernel paths skip more tiles (and stream_major is
   # faster even without a temporary band, for twox_memory).
-  c.model.layout = "stream_major"
+  c.sps.layout = "stream_major"
   return c
 
 

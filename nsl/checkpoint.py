@@ -357,7 +357,7 @@ def architecture_difference(manager, step: int, abstract_state, config=None) -> 
     except Exception:
       saved = {}
     fields = [d for d in nsl_config.resume_differences(saved, nsl_config.to_dict(config))
-              if d[0] == "family" or d[0].startswith("model.")]
+              if d[0] == "family" or d[0].split(".")[0] in ("model", config.family)]
     named = [f"config.{f} is {was!r} there, {now!r} here" for f, was, now in fields[:3]]
     why = "; ".join(named + [why])
   return why

@@ -337,7 +337,7 @@ def report(config, program, sl) -> tuple[dict[str, Any], Any]:
       "hosts": sl.hosts, "device_kind": sl.devices[0].device_kind,
       "mesh": dict(zip(program.mesh.axis_names, (int(s) for s in program.mesh.devices.shape))),
       "family": config.family, "variant": config.model.variant, "remat": config.model.remat,
-      "scan_layers": bool(config.model.get("scan_layers", False)), **choices,
+      "scan_layers": bool(config.model.scan_layers), **choices,
       "params_total": program.counts["params_total"], "batch": int(config.train.batch_size),
       "seq_len": int(config.data.seq_len), "grad_accum": int(config.train.grad_accum),
   }

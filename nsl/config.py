@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import difflib
 import importlib.machinery
 import importlib.util
 import inspect
@@ -167,6 +166,9 @@ def load_config(spec: str, overrides: Iterable[tuple[str, str]] = ()) -> ml_coll
   if not isinstance(config, ml_collections.ConfigDict):
     raise ConfigError(f"config file {path!r}: get_config() returned {type(config).__name__}, not an "
                       "ml_collections.ConfigDict; return the config (e.g. start from configs/base.py)")
+  from nsl import options
+
+  options.upgrade(config)  # a config file written for an older layout reads as today's
   for key, value in overrides:
     set_field(config, key, value)
   return config
@@ -186,23 +188,15 @@ def split_overrides(argv: Iterable[str]) -> tuple[list[tuple[str, str]], list[st
   return overrides, rest
 
 
-def _all_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
-  keys = []
-  for k, v in config.items():
-    keys.append(prefix + k)
-    if isinstance(v, ml_collections.ConfigDict):
-      keys.extend(_all_keys(v, prefix + k + "."))
-  return keys
-
-
 def set_field(config: ml_collections.ConfigDict, key: str, raw: str) -> None:
   """Sets `config.<key>` from a command-line string, typed like the existing field."""
   parts = key.split(".")
   node = config
   for i, part in enumerate(parts):
     if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-      close = difflib.get_close_matches(key, _all_keys(config), n=1)
-      hint = f" (did you mean {close[0]!r}?)" if close else ""
+      from nsl import options, schema
+
+      hint = options.moved_hint(key, config.family) or schema.did_you_mean(key, schema.keys(config))
       raise ConfigError(f"unknown config key {key!r}{hint}")
     if i < len(parts) - 1:
       node = node[part]
@@ -246,7 +240,7 @@ def parse_value(raw: str, current: Any, key: str) -> Any:
 def init_seed(config) -> int:
   """The seed of the parameters' initialisation: `config.init_seed`, or `config.seed` when it is None
   or absent (configs and checkpoints from before the field), so such runs keep their bits."""
-  init = config.get("init_seed")
+  init = config.init_seed
   return config.seed if init is None else init
 
 
@@ -276,7 +270,7 @@ def _check_kernels(m) -> None:
   impls = ("auto",) + registry.names("attention")
   if m.attention_impl not in impls:
     raise ConfigError(f"config.model.attention_impl={m.attention_impl!r} must be one of {impls}")
-  cpu_kernels = m.get("cpu_kernels", True)
+  cpu_kernels = m.cpu_kernels
   if not isinstance(cpu_kernels, bool):
     raise ConfigError(f"config.model.cpu_kernels={cpu_kernels!r} must be True or False")
   if not cpu_kernels and m.attention_impl != "auto" and registry.get("attention", m.attention_impl).cpu_kernel:
@@ -296,8 +290,11 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 def resume_differences(saved: dict, now: dict) -> list[tuple[str, Any, Any]]:
   """(field, saved value, new value) for every field outside RESUME_MAY_CHANGE that differs, the
   family and variant first (a change of family is named as that, not as one of the sizes it
-  brings). Fields only one side has (a checkpoint from an older nsl) are not compared."""
-  a, b = _flatten(saved or {}), _flatten(now or {})
+  brings). A checkpoint from an older nsl is read in today's layout (`nsl.options.upgraded`); the
+  options of families other than the run's are not compared, nor fields only one side has."""
+  from nsl import options
+
+  a, b = (_flatten(options.own_sections(options.upgraded(d))) if d else {} for d in (saved, now))
   may = lambda f: any(f == p or f.startswith(p + ".") for p in RESUME_MAY_CHANGE)
   order = lambda f: (f not in ("family", "model.variant"), f)
   return [(f, a[f], b[f]) for f in sorted(set(a) & set(b), key=order) if not may(f) and a[f] != b[f]]
@@ -370,7 +367,7 @@ def _check_numeric_ranges(config) -> None:
     raise ConfigError(f"config.train.clip_norm={clip!r} must be a positive number, or None for no clipping "
                       "(0 would zero every update)")
   _integer(config, "seed", 0)
-  init = config.get("init_seed")
+  init = config.init_seed
   if init is not None and (not isinstance(init, int) or isinstance(init, bool) or init < 0):
     raise ConfigError(f"config.init_seed={init!r} must be a non-negative integer, or None for the same as "
                       "config.seed, e.g. --config.init_seed=3")
@@ -475,13 +472,15 @@ def _short_run_hint(t) -> str:
 
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None, num_processes: int = 1) -> None:
   """Checks the trunk-level consistency of a config; the family checks its own section."""
+  from nsl import options
   from nsl.models import registry  # late: registry imports the families
 
   if config.family not in registry.FAMILIES:
     raise ConfigError(f"config.family={config.family!r} is unknown; choose one of {sorted(registry.FAMILIES)}")
+  options.check_known(config)  # every field is a schema's (nsl.schema), a stray named with "did you mean"
   m, d, t = config.model, config.data, config.train
   _check_numeric_ranges(config)
-  if d.get("mixture"):  # a negative weight or a zero sum stops here, before anything is written
+  if d.mixture:  # a negative weight or a zero sum stops here, before anything is written
     from nsl.data import mixture
     mixture.parse(d.mixture)
   if m.d_model % m.n_heads:

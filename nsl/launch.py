@@ -203,7 +203,7 @@ def _main(args, overrides, early_sigterm: list) -> int:
   loop.check_resume(config, args.workdir)  # a resume's changed family is named before that family's checks
   nsl_config.validate(config, jax.device_count(), jax.process_count())  # before anything is written
   nsl_config.check_fits_memory(config, jax.local_devices())
-  if storage.is_remote(str(config.data.get("path") or "")):
+  if storage.is_remote(str(config.data.path or "")):
     from nsl.data import datadir  # a missing bucket or object is reported before the workdir is touched
     datadir.fetch(str(config.data.path))
   if args.restore_from and storage.is_remote(args.restore_from):

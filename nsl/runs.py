@@ -20,7 +20,10 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   path = storage.join(workdir, "config.json")
   if not storage.isfile(path):
     raise NslError(f"--workdir={workdir!r}: no config.json (is it a run directory written by nsl.launch?)")
-  return ml_collections.ConfigDict(storage.read_json(path, "the run's config"))
+  from nsl import options
+
+  # A run trained by an older nsl reads in today's layout (nsl.options.upgrade).
+  return options.upgrade(ml_collections.ConfigDict(storage.read_json(path, "the run's config")))
 
 
 def abstract_train_state(config, family):
@@ -44,7 +47,7 @@ def load_run(workdir: str, flag: str = "--workdir"):
   from nsl.kernels import registry as kernels
 
   config = load_config(workdir)
-  kernels.set_default(config.model.get("cpu_kernels", True))  # what the run trained with holds for its readers
+  kernels.set_default(config.model.cpu_kernels)  # what the run trained with holds for its readers
   family = registry.get_family(config)
   params, _ = checkpoint.restore_params(workdir, abstract_train_state(config, family), flag=flag)
   return config, family, params

@@ -34,7 +34,7 @@ def variant_config(variant, family="sps"):
   c.model.vocab_size = 4160
   c.model.window = None if variant in ("twox_memory", "standard") else 16
   if family == "sps":
-    c.model.layout = "stream_major"
+    c.sps.layout = "stream_major"
   c.data.seq_len = 128
   c.train.batch_size = 16
   c.train.steps = 240
@@ -66,7 +66,7 @@ def _old_sps_file(variant: str, size: str) -> str:
         c.family = "sps"
         c.model.variant = {variant!r}
         c.model.window = {window!r}
-        c.model.layout = "stream_major"
+        c.sps.layout = "stream_major"
         return c
       """)
 

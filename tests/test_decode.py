@@ -23,8 +23,8 @@ def _family(variant, window, layout="stream_major", family="sps", init=True, rho
                                      "model.attention_impl": "xla", "data.seq_len": 16, "model.vocab_size": 264,
                                      "model.scan_layers": scan})
   if family == "sps":
-    c.model.predict_embedding = rho
-  c.model.layout = layout
+    c.sps.predict_embedding = rho
+  c.sps.layout = layout
   fam = registry.get_family(c)
   if not init:
     return fam, None

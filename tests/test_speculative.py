@@ -22,8 +22,8 @@ def _family(**nextlat):
   c.model.d_ff = 64
   c.data.seq_len = 32
   for k, v in nextlat.items():
-    c.model.nextlat[k] = v
-  c.model.nextlat.hidden = 32
+    c.nextlat[k] = v
+  c.nextlat.hidden = 32
   fam = registry.get_family(c)
   import flax.linen as nn
   params = nn.unbox(fam.init(jax.random.PRNGKey(1)))

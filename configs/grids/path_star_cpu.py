@@ -63,7 +63,7 @@ def arm(name: str) -> dict:
 
   cell = {"_label": name, "config": f"configs/nextlat.py:{name}_path_star"}
   if name == "nextlat":
-    cell["model.nextlat.hidden"] = authors_hidden(MODEL[2])
+    cell["nextlat.hidden"] = authors_hidden(MODEL[2])
   return cell
 
 

@@ -239,4 +239,4 @@ class TrainerData:
 
 def for_trainer(config, process_index: int = 0, process_count: int = 1) -> TrainerData | None:
   """The mixture of `config.data.mixture`, or None when it is empty (data.path alone)."""
-  return TrainerData(config, process_index, process_count) if config.data.get("mixture") else None
+  return TrainerData(config, process_index, process_count) if config.data.mixture else None

@@ -34,7 +34,7 @@ FORMAT_VERSION = 1
 
 def _source(config) -> str:
   """The data dir whose tokenizer the run uses: config.data.path, or a mixture's first source."""
-  if config.data.get("mixture"):
+  if config.data.mixture:
     from nsl.data import mixture
 
     return mixture.parse(config.data.mixture)[0].path
@@ -66,7 +66,7 @@ def save(workdir: str, config) -> dict:
     _copy(src, storage.join(out, name))
   info = {"format_version": FORMAT_VERSION, "tokenizer": manifest["tokenizer"],
           "vocab_size": int(manifest["vocab_size"]), "eos_id": int(manifest["eos_id"]), "dtype": manifest["dtype"],
-          "data": None if config.data.get("mixture") else storage.resolve(str(config.data.path)),
+          "data": None if config.data.mixture else storage.resolve(str(config.data.path)),
           "tokenizer_source": storage.resolve(source)}
   if isinstance(manifest.get("task"), dict):  # a task dir (planning, S5, arithmetic)
     info["task"] = manifest["task"].get("name")

@@ -166,7 +166,7 @@ def run(workdir: str, rows: int = 4, max_offset: int = 32, impl: str | None = No
   per_stream = routing(norms_sq, weights, batch["segment"][:, :-1], max_offset)
   return {
       "workdir": os.path.abspath(workdir), "step": runs.checkpoint_step(workdir),
-      "family": config.family, "variant": config.model.get("variant"), "window": config.model.get("window"),
+      "family": config.family, "variant": config.model.variant, "window": config.model.window,
       "rows": rows, "tokens_per_row": int(config.data.seq_len), "max_offset": max_offset,
       "definition": "r(p,k) = ||grad_{theta_p} l_{p+k}|| / ||grad_{theta_p} l_p||, theta_p = trunk matrices "
                     "of the slot of each stream at token p (per-slot copies via zero output perturbations)",

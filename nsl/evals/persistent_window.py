@@ -83,7 +83,7 @@ def run(workdir: str, omega: int = 64, docs: int = 8000, batch_size: int = 8) ->
   beyond = count[omega + 1:].sum()
   return {
       "workdir": os.path.abspath(workdir), "step": runs.checkpoint_step(workdir), "family": config.family,
-      "variant": config.model.get("variant"), "window": config.model.get("window"), "omega": omega,
+      "variant": config.model.variant, "window": config.model.window, "omega": omega,
       "docs": n_docs, "docs_requested": docs, "targets": int(count.sum()),
       "base_nll": base_sum / count.sum(), "probe_nll": probe_sum / count.sum(),
       "delta_mean_beyond_omega": float(total[omega + 1:].sum() / beyond) if beyond else None,

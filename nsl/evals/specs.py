@@ -84,10 +84,8 @@ def resolve(name: str, spec) -> Kind:
 
 
 def resolve_all(config) -> dict[str, Kind]:
-  """{name: resolved spec} of `config.evals` (empty when the config has none: runs from before the field)."""
-  evals = config.get("evals") if hasattr(config, "get") else None
-  if evals is None:
-    return {}
+  """{name: resolved spec} of `config.evals` (the base config's is empty)."""
+  evals = config.evals
   specs = _as_dict(evals)
   if specs is None:
     raise ConfigError(f"config.evals must be a dict of name -> evaluator spec, got {evals!r}")

@@ -14,7 +14,7 @@
   at token 0 as a sink, same document likewise). RoPE with absolute token positions on queries and both key sets. The two
   attentions are merged exactly by log-sum-exp (`attention.merge_lse`), i.e. one softmax over
   the union of both key sets. "One shared projection" (the paper's default) is read here as:
-  the cross K/V use the same per-layer W_k, W_v as the self K/V (`model.dd_cross_kv='shared'`);
+  the cross K/V use the same per-layer W_k, W_v as the self K/V (`double_decoder.cross_kv='shared'`);
   `'separate'` gives the cross keys their own W_k, W_v per layer.
   `CROSS_RULE` also states `causal=True`: with contiguous, increasing block ids
   `block(k) < block(q)` and the token-0 sink both imply `pos(k) <= pos(q)`, so the visible set is
@@ -24,7 +24,7 @@
   passed as the dynamic `block` ids [1, T] (`sample_blocks`, strategies `BLOCK_STRATEGIES` =
   the family's variants, as the authors' collator draws them).
 
-Layer split: `model.n_layers` is the total; `model.gen_layers` of them form the generation
+Layer split: `model.n_layers` is the total; `double_decoder.gen_layers` of them form the generation
 decoder (2:1 context:generation by default, e.g. 8+4). μP (`model.mup_base_width`, 64 in the
 paper's configs; nsl/nn/mup.py): the cross K/V and GELU MLP matrices are hidden weights like
 the trunk's (Adam LR / m); ComboAttention's queries come from `Attention.project_q`, so both
@@ -80,7 +80,7 @@ def sample_blocks(rng, seq_len: int, strategy: str = "random_uniform", prompt_le
     bounds, active = jnp.asarray([seq_len // 2], jnp.int32), jnp.asarray([True])
   elif strategy == "prompt_style":
     if prompt_lengths is None:
-      raise ConfigError("block strategy 'prompt_style' needs model.dd_prompt_lengths (a .npy of prompt lengths)")
+      raise ConfigError("block strategy 'prompt_style' needs double_decoder.prompt_lengths_file (a .npy of prompt lengths)")
     valid = np.asarray(prompt_lengths, np.int64)
     valid = valid[(valid >= lo) & (valid <= hi)]
     if valid.size == 0:
@@ -105,7 +105,7 @@ def sample_blocks(rng, seq_len: int, strategy: str = "random_uniform", prompt_le
 
 
 class CrossKV(nn.Module):
-  """Separate cross K/V projections (only with model.dd_cross_kv='separate')."""
+  """Separate cross K/V projections (only with double_decoder.cross_kv='separate')."""
 
   dims: layers.Dims
 
@@ -252,29 +252,22 @@ CROSS_KV = ("shared", "separate")
 
 @dataclasses.dataclass(frozen=True)
 class DDSpec:
-  """The double decoder's options with their defaults, read once from the loose `config.model`
-  fields the configs set (configs/dd.py) and checked in `DoubleDecoderFamily.validate`."""
+  """`config.double_decoder` (nsl.schema): the double decoder's options, checked in
+  `DoubleDecoderFamily.validate`."""
 
   gen_layers: int | None = None  # generation-decoder layers; None = model.n_layers // 3 (2:1)
-  dd_cross_kv: str = "shared"  # CROSS_KV: the cross K/V reuse the self K/V projections, or own ones
-  dd_prompt_lengths: str = ""  # prompt_style: a .npy of prompt lengths (the authors' SFT histogram)
-
-  @staticmethod
-  def from_config(config) -> "DDSpec":
-    m, d = config.model, DDSpec()
-    gen = m.get("gen_layers", d.gen_layers)
-    return DDSpec(gen_layers=None if gen is None else int(gen), dd_cross_kv=str(m.get("dd_cross_kv", d.dd_cross_kv)),
-                  dd_prompt_lengths=str(m.get("dd_prompt_lengths", d.dd_prompt_lengths) or ""))
+  cross_kv: str = "shared"  # CROSS_KV: the cross K/V reuse the self K/V projections, or own ones
+  prompt_lengths_file: str = ""  # prompt_style: a .npy of prompt lengths (the authors' SFT histogram)
 
   def prompt_lengths(self):
     """The prompt lengths `prompt_style` draws from (None without a file)."""
-    return np.load(self.dd_prompt_lengths) if self.dd_prompt_lengths else None
+    return np.load(self.prompt_lengths_file) if self.prompt_lengths_file else None
 
 
 def split_layers(config) -> tuple[int, int]:
-  """(context layers, generation layers) from model.n_layers (total) and model.gen_layers."""
+  """(context layers, generation layers) from model.n_layers (total) and double_decoder.gen_layers."""
   total = int(config.model.n_layers)
-  gen = DDSpec.from_config(config).gen_layers
+  gen = DoubleDecoderFamily.options_of(config).gen_layers
   gen = total // 3 if gen is None else gen
   return total - gen, gen
 
@@ -287,30 +280,35 @@ class DoubleDecoderFamily(Family):
   init_len = 16
   hf_refusal = ("the double decoder is two decoders (context and generation) merged by log-sum-exp over "
                 "blocks; no transformers architecture has that form")
+  options = DDSpec
+  # Where configs written before `config.double_decoder` set these (nsl.options.upgrade).
+  legacy = {"model.gen_layers": "gen_layers", "model.dd_cross_kv": "cross_kv",
+            "model.dd_prompt_lengths": "prompt_lengths_file"}
+  legacy_if_set = ("prompt_lengths_file",)
 
   @classmethod
   def validate(cls, config) -> None:
     super().validate(config)
     ctx, gen = split_layers(config)
-    spec = DDSpec.from_config(config)
+    spec = cls.options_of(config)
     if gen < 1 or ctx < 1:
-      raise ConfigError(f"config.model.gen_layers={spec.gen_layers} must be in "
+      raise ConfigError(f"config.double_decoder.gen_layers={spec.gen_layers} must be in "
                         f"[1, model.n_layers-1={config.model.n_layers - 1}]")
-    if spec.dd_cross_kv not in CROSS_KV:
-      raise ConfigError(f"config.model.dd_cross_kv={spec.dd_cross_kv!r} must be 'shared' or 'separate'")
+    if spec.cross_kv not in CROSS_KV:
+      raise ConfigError(f"config.double_decoder.cross_kv={spec.cross_kv!r} must be 'shared' or 'separate'")
     if config.data.seq_len < MAX_BOUNDARIES + 5:
       raise ConfigError(f"config.data.seq_len={config.data.seq_len} is too short for block sampling "
                         f"(need >= {MAX_BOUNDARIES + 5})")
     if config.model.variant == "prompt_style":
       import os
-      path = spec.dd_prompt_lengths
+      path = spec.prompt_lengths_file
       if not path or not os.path.isfile(path):
-        raise ConfigError(f"config.model.dd_prompt_lengths={path!r}: variant 'prompt_style' draws its boundary "
+        raise ConfigError(f"config.double_decoder.prompt_lengths_file={path!r}: variant 'prompt_style' draws its boundary "
                           "from a .npy file of SFT prompt lengths (token counts, one per prompt); give its path")
 
   @property
   def separate_cross_kv(self) -> bool:
-    return DDSpec.from_config(self.config).dd_cross_kv == "separate"
+    return self.options_of(self.config).cross_kv == "separate"
 
   def make_model(self):
     ctx, gen = split_layers(self.config)
@@ -321,7 +319,7 @@ class DoubleDecoderFamily(Family):
     return inputs, seg_in, jnp.zeros((1, inputs.shape[1]), jnp.int32)
 
   def blocks(self, rng, seq_len: int | None = None):
-    spec = DDSpec.from_config(self.config)
+    spec = self.options_of(self.config)
     return sample_blocks(rng, seq_len or self.seq_len, self.config.model.variant, spec.prompt_lengths())
 
   def loss_blocks(self, rng, seq_len: int):

@@ -36,6 +36,18 @@ class Family:
   # Tokens of the dummy row `init` traces, when parameters do not depend on the row length and a
   # full-length trace is slow (describe builds them for every config); None: `data.seq_len`.
   init_len: int | None = None
+  # The family's own options: a dataclass (`nsl.schema`) mounted at `config.<name>`, read typed
+  # by `options_of`; None for a family with none. `legacy` maps where an option lived in configs
+  # written before that mount (`"model.noise_density": "noise_density"`, "*" a whole section) to
+  # its field, so older runs and config files read the same (`nsl.options.upgrade`).
+  options: type | None = None
+  legacy: dict[str, str] = {}
+  # Fields of `legacy` that configs of then set only to change them: left out of a run id at their
+  # default (`nsl.options.legacy_layout`), where the others are always in it.
+  legacy_if_set: tuple[str, ...] = ()
+  # Trunk fields this family's configs always carried before the base config held them (NextLat's
+  # data.answer_token): kept in its run ids at their neutral value (`nsl.scaling.cells.NEUTRAL_FIELDS`).
+  legacy_kept: tuple[str, ...] = ()
 
   def __init__(self, config):
     self.config = config
@@ -47,6 +59,13 @@ class Family:
     """The family object of a validated config: `cls(config)`, or, for a variant that is another
     family (SPS's `standard`), that family's (`nsl.models.registry.get_family` calls this)."""
     return cls(config)
+
+  @classmethod
+  def options_of(cls, config):
+    """`config.<name>` as the family's `options` dataclass, each field typed (`nsl.schema.read`)."""
+    from nsl import schema
+
+    return schema.read(cls.options, config[cls.name], cls.name)
 
   @classmethod
   def validate(cls, config) -> None:

@@ -75,7 +75,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from nsl import decode
+from nsl import decode, schema
 from nsl.errors import ConfigError
 from nsl.nn import cross_entropy, kv_cache, layers, masks
 from nsl.models.family import Family, train_flops_per_token
@@ -150,10 +150,9 @@ def dropout_mask(rng, batch: int, length: int, p: float, mode: str):
 
 
 @dataclasses.dataclass(frozen=True)
-class LiftSpec:
-  """The static LIFT hyper-parameters (hashable)."""
+class LiftOptions:
+  """`config.lift` (nsl.schema): LIFT's options (docs/papers/lift.md#definitions)."""
 
-  variant: str = "lift"
   top_k: int = 1024
   temperature: float = 1.5
   kl_weight: float = 1.5
@@ -166,6 +165,13 @@ class LiftSpec:
   adapt_seed: str = "bias"  # what the first no-gradient pass is fed: bias | teacher
   teacher: str = "labels"  # labels | precomputed | <run dir>
   eval_feed: str = "own"  # the trainer's eval (EVAL_FEEDS): own -> eval_val_nll, else eval_val_nll_feed_<feed>
+
+
+@dataclasses.dataclass(frozen=True)
+class LiftSpec(LiftOptions):
+  """The static LIFT hyper-parameters (hashable): `config.lift` and the variant."""
+
+  variant: str = "lift"
 
   @property
   def has_channel(self) -> bool:
@@ -180,27 +186,14 @@ class LiftSpec:
 
   @staticmethod
   def from_config(config) -> "LiftSpec":
-    l = config.lift
-    return LiftSpec(variant=config.model.variant, top_k=int(l.top_k), temperature=float(l.temperature),
-                    kl_weight=float(l.kl_weight), kl_temperature=float(l.kl_temperature),
-                    fusion_hidden=int(l.fusion_hidden), state_dropout=float(l.state_dropout),
-                    dropout_mode=str(l.dropout_mode), adapt_fraction=float(l.adapt_fraction),
-                    adapt_pass_probs=tuple(float(x) for x in l.adapt_pass_probs),
-                    adapt_seed=str(l.get("adapt_seed", LiftSpec.adapt_seed)), teacher=str(l.teacher),
-                    eval_feed=str(l.get("eval_feed", LiftSpec.eval_feed)))
+    options = schema.read(LiftOptions, config.lift, "lift")
+    return LiftSpec(variant=config.model.variant, **dataclasses.asdict(options))
 
 
 def default_lift_config():
-  """The `config.lift` section with the paper's defaults (docs/papers/lift.md#definitions); configs add
-  it: `c.lift = ...`."""
-  import ml_collections
-
-  l = ml_collections.ConfigDict()
-  s = LiftSpec()
-  for f in dataclasses.fields(LiftSpec):
-    if f.name != "variant":
-      l[f.name] = getattr(s, f.name)
-  return l
+  """The `config.lift` section with the paper's defaults (docs/papers/lift.md#definitions); the
+  base config holds it (nsl.schema), so a LIFT config need not add it."""
+  return schema.section(LiftOptions)
 
 
 # -- modules ------------------------------------------------------------------------------------
@@ -276,7 +269,7 @@ def _cached_step(dims: layers.Dims, model: LiftLM, params, cache, tok_B, fed_BD,
   persistent window when set), exactly the parallel forward's. RoPE positions are row positions
   as in the parallel forward; attention only sees their differences, so a document's logits do
   not depend on where it starts in the row."""
-  from nsl import decode
+  from nsl import decode, schema
 
   x = model.apply({"params": params}, tok_B[:, None], None if fed_BD is None else fed_BD[:, None], method=LiftLM.embed)
   t1 = jnp.reshape(jnp.asarray(t, jnp.int32), (1,))
@@ -292,7 +285,7 @@ def _own_state_scan(dims, spec, model, params, tokens_BT, choose_token=None, fee
   fed the learned initial state (own) or b and sees only its own document's cache. The token
   loop runs the layers unrolled on per-layer weights and K/V (`KVCache.per_layer`,
   `decode.token_loop_params`), like `nsl.decode.decode_loop`."""
-  from nsl import decode
+  from nsl import decode, schema
 
   B, T = tokens_BT.shape
   cache = kv_cache.KVCache.create(dims, B, T).per_layer()
@@ -341,6 +334,7 @@ class LiftFamily(Family):
   hf_refusal = ("LIFT fuses each token's embedding with a fed-back next-token distribution (a state channel); "
                 "Llama has no such input")
   variants = VARIANTS
+  options = LiftOptions
 
   def __init__(self, config):
     self.spec = LiftSpec.from_config(config)
@@ -350,9 +344,6 @@ class LiftFamily(Family):
   @classmethod
   def validate(cls, config) -> None:
     super().validate(config)
-    if "lift" not in config:
-      raise ConfigError("config.lift is missing; start from configs/lift.py:tiny or add "
-                        "`c.lift = nsl.models.lift.default_lift_config()`")
     s = LiftSpec.from_config(config)
     if s.top_k <= 0:
       raise ConfigError(f"config.lift.top_k={s.top_k} must be positive")

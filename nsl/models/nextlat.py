@@ -49,8 +49,8 @@ Family `mtp` (Gloeckle et al. 2024 style, docs/papers/nextlat.md#speculative-dec
 head 1 is the plain head (next token), head i ≥ 2 is a residual GELU MLP on h then RMSNorm then
 the shared head, predicting token t+i; loss = mean over heads of their masked CE.
 
-Config (`config.model.nextlat`): lambda_h, lambda_kl, horizon d, hidden (MLP width), draft_len
-(self-speculative decoding, nsl/models/nextlat_decode.py), emb_grad, latent. `config.model.mtp.horizon`. Their
+Config (`config.nextlat`): lambda_h, lambda_kl, horizon d, hidden (MLP width), draft_len
+(self-speculative decoding, nsl/models/nextlat_decode.py), emb_grad, latent. `config.mtp.horizon`. Their
 defaults and checks live in nsl/models/latent_spec.py (`NextLatSpec`, `MTPSpec`).
 """
 
@@ -254,6 +254,8 @@ class LatentFamily(NextTokenFamily):
   """What NextLat and MTP share: the standard trunk and rule, prompt masking, and next-token
   logits read from the plain head (head 1; the dynamics model and extra heads only train)."""
 
+  legacy_kept = ("data.answer_token",)
+
   @property
   def variant(self) -> str:
     return self.config.model.variant
@@ -293,15 +295,17 @@ class NextLatFamily(LatentFamily):
   hf_refusal = ("NextLat's trunk is Llama-like but its output head and latent dynamics model have no place in "
                 "LlamaForCausalLM, and its self-speculative decoding needs them")
   variants = ("nextlat", "gpt")
+  options = NextLatSpec
+  legacy = {"model.nextlat": "*"}  # where configs written before `config.nextlat` held it (nsl.options.upgrade)
 
   @classmethod
   def validate(cls, config) -> None:
     super().validate(config)
-    NextLatSpec.from_config(config)  # every config.model.nextlat option, checked there
+    cls.options_of(config).check()  # every config.nextlat option
 
   @property
   def spec(self) -> NextLatSpec:
-    return NextLatSpec.from_config(self.config)
+    return self.options_of(self.config).check()
 
   @property
   def horizon(self) -> int:
@@ -348,21 +352,22 @@ class NextLatFamily(LatentFamily):
 
 
 class MTPFamily(LatentFamily):
-  """Multi-token prediction: `config.model.mtp.horizon` heads on the shared trunk (no
-  `config.model.nextlat` options: MTP validates only its own)."""
+  """Multi-token prediction: `config.mtp.horizon` heads on the shared trunk."""
 
   name = "mtp"
   hf_refusal = "multi-token prediction adds extra heads that LlamaForCausalLM cannot hold"
   variants = ("mtp",)
+  options = MTPSpec
+  legacy = {"model.mtp": "*"}
 
   @classmethod
   def validate(cls, config) -> None:
     super().validate(config)
-    MTPSpec.from_config(config)  # config.model.mtp, checked there
+    cls.options_of(config).check()
 
   @property
   def horizon(self) -> int:
-    return MTPSpec.from_config(self.config).horizon
+    return self.options_of(self.config).check().horizon
 
   def make_model(self):
     return LatentLM(self.dims, self.rule, kind="mtp", horizon=self.horizon)

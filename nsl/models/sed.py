@@ -9,10 +9,10 @@ over the targets (pre-RMSNorm self attention, cross attention to the encoder out
 MLP) with the tied head predicts them. Loss: CE over the targets (padding excluded). RoPE in the
 encoder and in decoder self attention (each in its own compacted positions), and on cross
 attention as the authors do it (queries at decoder positions, keys at encoder positions;
-`model.sed_cross_rope=False` for none). The trunk options (`model.mlp`, `final_norm`, `init`,
+`sed.cross_rope=False` for none). The trunk options (`model.mlp`, `final_norm`, `init`,
 `document_mask`; nsl/nn/layers.py) apply to encoder and decoder alike.
 
-Layers: `model.n_layers` total, `model.gen_layers` of them in the decoder (2:1 like the double
+Layers: `model.n_layers` total, `sed.gen_layers` of them in the decoder (2:1 like the double
 decoder's split). μP (`model.mup_base_width`; nsl/nn/mup.py): the cross-attention matrices
 are hidden weights (init std / sqrt(m), Adam LR / m) and its queries get `Dims.query_scale`, so
 every attention scores q·k/d_head.
@@ -42,23 +42,14 @@ TOKENIZER_VOCAB = {"gpt2": 50257, "byte": 257}
 
 @dataclasses.dataclass(frozen=True)
 class SEDSpec:
-  """SED's options with their defaults (docs/papers/double_decoder.md#baselines, T5's span corruption), read once from
-  the loose `config.model` fields the configs set (configs/dd.py) and checked in
-  `SEDFamily.validate`: one home instead of a `.get(field, default)` at every use."""
+  """`config.sed` (nsl.schema): SED's options (docs/papers/double_decoder.md#baselines, T5's span
+  corruption), checked in `SEDFamily.validate`."""
 
   noise_density: float = 0.15
   mean_span: float = 4.0
-  sentinels: int = 100
-  gen_layers: int = 0  # decoder layers; 0 or None = model.n_layers // 3
+  sentinels: int = 100  # the top ids of the vocabulary
+  gen_layers: int | None = None  # decoder layers; None or 0 = model.n_layers // 3
   cross_rope: bool = True  # RoPE on cross attention (the authors'); False: none
-
-  @staticmethod
-  def from_config(config) -> "SEDSpec":
-    m, d = config.model, SEDSpec()
-    return SEDSpec(noise_density=float(m.get("noise_density", d.noise_density)),
-                   mean_span=float(m.get("mean_span", d.mean_span)), sentinels=int(m.get("sentinels", d.sentinels)),
-                   gen_layers=int(m.get("gen_layers") or d.gen_layers),
-                   cross_rope=bool(m.get("sed_cross_rope", d.cross_rope)))
 
   def decoder_layers(self, n_layers: int) -> int:
     return self.gen_layers or n_layers // 3
@@ -134,9 +125,14 @@ class SEDFamily(Family):
   variants = ("sed",)
   init_len = 32
 
+  options = SEDSpec
+  # Where configs written before `config.sed` set these (nsl.options.upgrade).
+  legacy = {"model.noise_density": "noise_density", "model.mean_span": "mean_span", "model.sentinels": "sentinels",
+            "model.gen_layers": "gen_layers", "model.sed_cross_rope": "cross_rope"}
+
   @property
   def spec(self) -> SEDSpec:
-    return SEDSpec.from_config(self.config)
+    return self.options_of(self.config)
 
   @property
   def sentinels(self) -> int:
@@ -149,16 +145,16 @@ class SEDFamily(Family):
   @classmethod
   def validate(cls, config) -> None:
     super().validate(config)
-    m, spec = config.model, SEDSpec.from_config(config)
+    m, spec = config.model, cls.options_of(config)
     gen = spec.decoder_layers(m.n_layers)
     if not 1 <= gen < m.n_layers:
-      raise ConfigError(f"config.model.gen_layers={gen} (decoder layers) must be in [1, model.n_layers-1]")
+      raise ConfigError(f"config.sed.gen_layers={gen} (decoder layers) must be in [1, model.n_layers-1]")
     if not 0.0 < spec.noise_density < 1.0:
-      raise ConfigError(f"config.model.noise_density={spec.noise_density} must be in (0, 1)")
+      raise ConfigError(f"config.sed.noise_density={spec.noise_density} must be in (0, 1)")
     if not spec.mean_span > 0.0:
-      raise ConfigError(f"config.model.mean_span={spec.mean_span} must be positive (mean tokens per noise span)")
+      raise ConfigError(f"config.sed.mean_span={spec.mean_span} must be positive (mean tokens per noise span)")
     tok = config.data.tokenizer
-    vocab = TOKENIZER_VOCAB.get(tok, config.data.get("tokenizer_vocab", 0))
+    vocab = TOKENIZER_VOCAB.get(tok, config.data.tokenizer_vocab)
     need = vocab + spec.sentinels + 1
     if m.vocab_size < need:
       raise ConfigError(f"config.model.vocab_size={m.vocab_size} leaves no room for the {spec.sentinels} "
@@ -167,7 +163,7 @@ class SEDFamily(Family):
     n, s = span_corruption.counts(config.data.seq_len, spec.noise_density, spec.mean_span)
     if s > spec.sentinels:
       raise ConfigError(f"data.seq_len={config.data.seq_len} gives {s} noise spans, more than "
-                        f"model.sentinels={spec.sentinels}")
+                        f"sed.sentinels={spec.sentinels}")
 
   def split(self) -> tuple[int, int]:
     gen = self.spec.decoder_layers(self.dims.n_layers)

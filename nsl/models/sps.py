@@ -1,7 +1,7 @@
 """The SPS family: state-prediction separation and its baselines (docs/papers/sps.md#definitions).
 
 A sequence of T tokens becomes 2T slots: the token x_i and a learned `<predict>` vector ρ_i. By
-default (`config.model.predict_embedding = "tied"`, the SPS authors' model and the paper's "ρ id
+default (`config.sps.predict_embedding = "tied"`, the SPS authors' model and the paper's "ρ id
 50257") ρ is the row `predict_token_id` of the tied token embedding: an id of the vocabulary, so
 also an output class of the tied head (its logit is trained down at every read-out) and
 weight-decayed with the embedding matrix. `"separate"` keeps ρ as its own d-vector parameter
@@ -21,7 +21,7 @@ j = 0 for x and 1 for ρ; causality reads it), `segment` = the document id of to
 
 The rule is `masks.Rule(causal=True, same_segment=True, window=w)`: persistent keys are always
 visible, temporary keys iff `tok(q) - tok(k) <= w` (`config.model.window`). Because the rule
-reads metadata, the physical order of slots is free (`config.model.layout`):
+reads metadata, the physical order of slots is free (`config.sps.layout`):
 `interleaved` = [x1, ρ1, x2, ρ2, …]; `stream_major` = [x1..xT | ρ1..ρT], whose temporary half
 of the key space is a band that the chunked/kernel paths skip tile by tile.
 
@@ -50,7 +50,7 @@ SLOT_VARIANTS = VARIANTS[:4]
 # Variants that are another family: `SPSFamily.create` builds it from the config (`alias_config`).
 ALIASES = {"standard": "standard"}
 LAYOUTS = masks.ORDERS  # physical slot orders, `masks.Layout.grouped`
-# Default physical layout when `config.model.layout` is absent, measured on CPU (2 cores, 4 layers,
+# Default physical layout (`config.sps.layout`), measured on CPU (2 cores, 4 layers,
 # d 256, 4 heads, batch 8, w 64, docs/papers/sps.md#layout). With the CPU attention kernel
 # (64-tiles), attention forward + backward per layer at 2048 slots (1024 tokens) 0.37 s stream-major
 # vs 0.61 s interleaved (the temporary keys' band leaves whole tiles empty), at 512 slots 0.043 vs
@@ -63,7 +63,7 @@ DEFAULT_LAYOUT = "stream_major"
 
 P, T_ = masks.PERSISTENT, masks.TEMPORARY
 
-# `config.model.predict_embedding`: how ρ is parameterised (module docstring). Default "tied".
+# `config.sps.predict_embedding`: how ρ is parameterised (module docstring). Default "tied".
 PREDICT_EMBEDDINGS = ("tied", "separate")
 DEFAULT_PREDICT_EMBEDDING = "tied"
 # Ids of the fixed-size tokenizers; bpe reads `config.data.tokenizer_vocab` (same table as SED's).
@@ -203,21 +203,33 @@ class SPSLM(nn.Module):
     return self.embedder.cross_entropy(h_BTD, targets_BT, weights_BT)
 
 
+@dataclasses.dataclass(frozen=True)
+class SPSOptions:
+  """`config.sps` (nsl.schema): how the slots are laid out and what ρ is (module docstring)."""
+
+  layout: str = DEFAULT_LAYOUT  # LAYOUTS: the physical slot order
+  predict_embedding: str = DEFAULT_PREDICT_EMBEDDING  # PREDICT_EMBEDDINGS: ρ a row of the tied embedding, or its own vector
+  # The row that is ρ when tied; None = the first id past the tokenizer's (the authors' 50257 after GPT-2's ids).
+  predict_token_id: int | None = None
+
+
 # ----------------------------------------------------------------------------- the family
 
 
 class SPSFamily(NextTokenFamily):
-  """`config.family = "sps"`, `config.model.variant` in VARIANTS, `config.model.layout` in
-  LAYOUTS (`DEFAULT_LAYOUT` when absent), `config.model.window` = w,
-  `config.model.predict_embedding` in PREDICT_EMBEDDINGS ("tied" when absent) and
-  `config.model.predict_token_id` (the ρ row when tied; absent or None = the first id past the
-  tokenizer's, as the authors' 50257 after GPT-2's 50257 ids)."""
+  """`config.family = "sps"`, `config.model.variant` in VARIANTS, `config.model.window` = w, and
+  the options `config.sps` (`SPSOptions`)."""
 
   name = "sps"
   variants = VARIANTS
   embedding_params = ("embedding", "predict_embedding")
   hf_refusal = ("an SPS model reads each token out at a learned <predict> slot with its own attention rule "
                 "(two slots per token); no transformers architecture has that layout")
+  options = SPSOptions
+  # Where configs written before `config.sps` set these (nsl.options.upgrade).
+  legacy = {"model.layout": "layout", "model.predict_embedding": "predict_embedding",
+            "model.predict_token_id": "predict_token_id"}
+  legacy_if_set = ("predict_embedding", "predict_token_id")
 
   @property
   def variant(self) -> str:
@@ -225,7 +237,7 @@ class SPSFamily(NextTokenFamily):
 
   @property
   def layout_name(self) -> str:
-    return layout_of(self.config)
+    return self.options_of(self.config).layout
 
   @classmethod
   def create(cls, config):
@@ -257,9 +269,9 @@ class SPSFamily(NextTokenFamily):
       from nsl.models import registry
 
       return registry.get_family_class(ALIASES[m.variant]).validate(alias_config(config))
-    layout = layout_of(config)
-    if layout not in LAYOUTS:
-      raise ConfigError(f"config.model.layout={layout!r} must be one of {LAYOUTS}")
+    o = cls.options_of(config)
+    if o.layout not in LAYOUTS:
+      raise ConfigError(f"config.sps.layout={o.layout!r} must be one of {LAYOUTS}")
     if m.variant in ("sps", "delayed_state", "reverse_sps") and m.window is None:
       raise ConfigError(f"config.model.window is None but variant {m.variant!r} needs the temporary-key "
                         "window w (an int >= 0, the paper uses 64); an unbounded window is variant "
@@ -267,22 +279,21 @@ class SPSFamily(NextTokenFamily):
     if m.variant == "twox_memory" and m.window is not None and m.window < config.data.seq_len:
       raise ConfigError(f"config.model.window={m.window} but variant 'twox_memory' is SPS with w >= T "
                         f"(every ρ stays persistent): set config.model.window=None, or use variant 'sps'")
-    kind = m.get("predict_embedding", None) or DEFAULT_PREDICT_EMBEDDING
+    kind, rid = o.predict_embedding, o.predict_token_id
     if kind not in PREDICT_EMBEDDINGS:
-      raise ConfigError(f"config.model.predict_embedding={kind!r} must be one of {PREDICT_EMBEDDINGS}")
-    rid = m.get("predict_token_id", None)
+      raise ConfigError(f"config.sps.predict_embedding={kind!r} must be one of {PREDICT_EMBEDDINGS}")
     if kind == "separate" and rid is not None:
-      raise ConfigError(f"config.model.predict_token_id={rid} has no effect with "
-                        "config.model.predict_embedding='separate' (ρ is its own vector): unset one of them")
+      raise ConfigError(f"config.sps.predict_token_id={rid} has no effect with "
+                        "config.sps.predict_embedding='separate' (ρ is its own vector): unset one of them")
     if kind == "tied":
       vocab = tokenizer_vocab(config)
       rid = predict_token_id_of(config)
       if not vocab <= rid < m.vocab_size:
-        raise ConfigError(f"config.model.predict_token_id={rid}: with config.model.predict_embedding='tied' ρ is "
+        raise ConfigError(f"config.sps.predict_token_id={rid}: with config.sps.predict_embedding='tied' ρ is "
                           f"a row of the tied embedding that no token uses, so it must be in [{vocab}, "
                           f"model.vocab_size={m.vocab_size}) (the {config.data.tokenizer} tokenizer has {vocab} "
                           f"ids); raise config.model.vocab_size to at least {vocab + 1} (e.g. pad it to a "
-                          f"multiple of 64), or set config.model.predict_embedding='separate'")
+                          f"multiple of 64), or set config.sps.predict_embedding='separate'")
 
   def slot_plan(self):
     """The decoder's token groups (docs/papers/sps.md#kv-cache): the variant's slot kinds and read-out slot
@@ -303,7 +314,7 @@ class SPSFamily(NextTokenFamily):
     return SPSLM(self.dims, self.rule, self.variant, self.layout_name, self.predict_token_id)
 
   def layout(self, num_tokens: int) -> masks.Layout:
-    """The 2T slots of the variant in `config.model.layout` order."""
+    """The 2T slots of the variant in `config.sps.layout` order."""
     return slot_layout(self.variant, num_tokens, self.layout_name)
 
   def init(self, rng) -> Any:
@@ -350,8 +361,8 @@ def variant_config(base, variant: str, window: int | None, layout: str | None = 
   c = copy.deepcopy(base)
   c.family = "sps"
   c.model.variant = variant
-  if layout is not None:  # else the config's, or DEFAULT_LAYOUT when it names none
-    c.model.layout = layout
+  if layout is not None:  # else the config's
+    c.sps.layout = layout
   if variant in ALIASES or variant == "twox_memory":
     c.model.window = None
   else:
@@ -371,26 +382,18 @@ def alias_config(config):
   return c
 
 
-def layout_of(config) -> str:
-  """`config.model.layout`, `DEFAULT_LAYOUT` when absent or None."""
-  value = config.model.get("layout", None)
-  return DEFAULT_LAYOUT if value is None else value
-
-
 def tokenizer_vocab(config) -> int:
   """Ids the config's tokenizer produces (gpt2, byte: fixed; bpe: `config.data.tokenizer_vocab`)."""
-  return int(TOKENIZER_VOCAB.get(config.data.tokenizer, config.data.get("tokenizer_vocab", 0)))
+  return int(TOKENIZER_VOCAB.get(config.data.tokenizer, config.data.tokenizer_vocab))
 
 
 def predict_token_id_of(config) -> int | None:
-  """The embedding row that is ρ under `config.model.predict_embedding="tied"` (the default):
-  `config.model.predict_token_id`, or when absent/None the first id past the tokenizer's. None
-  for "separate"."""
-  m = config.model
-  if (m.get("predict_embedding", None) or DEFAULT_PREDICT_EMBEDDING) == "separate":
+  """The embedding row that is ρ under `config.sps.predict_embedding="tied"` (the default):
+  `config.sps.predict_token_id`, or when None the first id past the tokenizer's. None for "separate"."""
+  o = SPSFamily.options_of(config)
+  if o.predict_embedding == "separate":
     return None
-  rid = m.get("predict_token_id", None)
-  return tokenizer_vocab(config) if rid is None else int(rid)
+  return tokenizer_vocab(config) if o.predict_token_id is None else o.predict_token_id
 
 
 def predict_vector(params, predict_token_id: int | None):

@@ -48,8 +48,10 @@ def _read_config(workdir: str):
     raise NslError(f"teacher {workdir!r}: no config.json (not an nsl run directory)")
   if not os.path.isdir(os.path.join(workdir, "checkpoints")):
     raise NslError(f"teacher {workdir!r}: no checkpoints directory; train the teacher first")
+  from nsl import options
+
   with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+    return options.upgrade(ml_collections.ConfigDict(json.load(f)))
 
 
 def load_run(workdir: str):

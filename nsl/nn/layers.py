@@ -111,10 +111,10 @@ class Dims:
 
   @staticmethod
   def from_config(config, **overrides) -> "Dims":
-    m = config.model
-    fields = {f.name: m.get(f.name, f.default) for f in dataclasses.fields(Dims)}
-    fields.update(overrides)
-    return Dims(**fields)
+    """`config.model` as Dims, each field typed (`nsl.schema.read`); `overrides` replace some."""
+    from nsl import schema
+
+    return schema.read(Dims, config.model, "model", **overrides)
 
 
 MLPS = ("swiglu", "gelu")

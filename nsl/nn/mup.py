@@ -64,8 +64,8 @@ HIDDEN = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "w_in", "w_out")
 
 
 def base_width(config) -> int:
-  """model.mup_base_width, 0 when μP is off (field absent, None or 0)."""
-  value = config.model.get("mup_base_width")
+  """model.mup_base_width, 0 when μP is off (None or 0)."""
+  value = config.model.mup_base_width
   return int(value) if value else 0
 
 
@@ -77,7 +77,7 @@ def width_mult(config) -> float | None:
 
 def validate(config) -> None:
   """The one check of model.mup_base_width (called by nsl.config.validate)."""
-  value = config.model.get("mup_base_width")
+  value = config.model.mup_base_width
   if value is None or (value == 0 and not isinstance(value, bool)):
     return
   if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= config.model.d_model:

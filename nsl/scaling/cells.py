@@ -70,13 +70,23 @@ class Cell:
 # -- identity -------------------------------------------------------------------------------------
 # Fields added after grids were run, at the value that trains a cell as it was trained before the
 # field existed: left out of the hash so those cells keep their ids (an empty value is "unset").
-NEUTRAL_FIELDS = {("init_seed",): None, ("evals",): {}, ("model", "cpu_kernels"): True, ("data", "mixture"): ""}
+NEUTRAL_FIELDS = {("init_seed",): None, ("evals",): {}, ("model", "cpu_kernels"): True, ("data", "mixture"): "",
+                  ("data", "answer_token"): -1}
+# The trunk options (nsl.nn.layers.Dims) the base config gained when it was built from the schemas
+# (nsl.options): configs that never set them kept their defaults.
+NEUTRAL_FIELDS.update({("model", name): value for name, value in (
+    ("mup_base_width", 0), ("tie_embeddings", True), ("scaled_out_init", True), ("scaled_mlp_out_init", True),
+    ("mup_base_head_dim", 64), ("mup_readout", "sqrt"), ("mlp", "swiglu"), ("final_norm", "rmsnorm"),
+    ("init", "normal"), ("document_mask", True))})
+MUP_OPTIONS = ("model.mup_base_head_dim", "model.mup_readout")
 # Fields that never change what a cell trains or records: always left out (turning W&B on or
 # tracing a few steps finds the grid's finished cells).
 IGNORED_FIELDS = (("log",), ("train", "profile_steps"), ("checkpoint", "every_minutes"))
 
 
 def config_hash(config_dict: dict) -> str:
+  """The run id's digest: the config in the layout grids were first keyed by (`nsl.options.legacy_layout`),
+  less NEUTRAL_FIELDS at their neutral value and IGNORED_FIELDS."""
   def drop(d: dict, path: tuple[str, ...], keep=lambda v: False) -> dict:
     head, *rest = path
     if head not in d:
@@ -85,7 +95,15 @@ def config_hash(config_dict: dict) -> str:
       return {**d, head: drop(d[head], tuple(rest), keep)} if isinstance(d[head], dict) else d
     return d if keep(d[head]) else {k: v for k, v in d.items() if k != head}
 
+  from nsl import options
+
+  kept = options.legacy_kept(config_dict)
+  config_dict = options.legacy_layout(config_dict)
+  if (config_dict.get("model") or {}).get("mup_base_width"):
+    kept += MUP_OPTIONS  # configs that turned μP on set its options too
   for path, neutral in NEUTRAL_FIELDS.items():
+    if ".".join(path) in kept:
+      continue
     config_dict = drop(config_dict, path, keep=lambda v, n=neutral: v != n and not (n in ({}, "") and not v))
   for path in IGNORED_FIELDS:
     config_dict = drop(config_dict, path)

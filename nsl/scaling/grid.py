@@ -191,7 +191,7 @@ def _size_name(config) -> str:
   from nsl import config as nsl_config
 
   for name, dims in nsl_config.SIZES.items():
-    if all(config.model.get(k) == v for k, v in dims.items()):
+    if all(config.model[k] == v for k, v in dims.items()):
       return name
   return f"d{config.model.d_model}L{config.model.n_layers}"
 
@@ -231,7 +231,7 @@ def expand(grid_path: str, validate: bool = True) -> list[Cell]:
     cells.append(Cell(
         run_id=make_run_id([lab for _, lab in labels], digest), config_path=code_relative(path),
         overrides=tuple(overrides), labels=tuple(labels), config_hash=digest, family=str(config.family),
-        variant=str(config.model.get("variant", config.family)), size=size, steps=int(t.steps),
+        variant=str(config.model.variant), size=size, steps=int(t.steps),
         tokens=int(t.steps) * int(t.batch_size) * int(config.data.seq_len), requires=requires,
         hosts=acc["hosts"], slice=acc["slice"]))
   return cells

@@ -68,7 +68,7 @@ def prepare(cells, root: str, shares_disk: bool, say: Callable[[str], None]) -> 
   placed, failed = {}, {}
   for cell in cells:
     config = nsl_config.load_config(code_path(cell.config_path), list(cell.overrides))
-    if config.data.get("mixture"):
+    if config.data.mixture:
       continue
     data_spec = spec(config)
     if data_spec not in where:

@@ -90,7 +90,7 @@ def _preemption_service() -> bool:
 def prepare_data(config) -> dict[str, Any]:
   """Prepares the corpus on process 0 when missing (cached), then every process reads the manifest."""
   d = config.data
-  if d.get("mixture"):  # a mixture's dirs are prepared beforehand: check that they agree
+  if d.mixture:  # a mixture's dirs are prepared beforehand: check that they agree
     return mixture.load_manifests(d.mixture, config.model.vocab_size)
   if storage.is_remote(d.path):  # prepared elsewhere; every process reads its own local copy
     return prepare.load_manifest(datadir.fetch(d.path))
@@ -273,10 +273,10 @@ class Trainer:
       rundata.save(self.workdir, cfg)  # its tokenizer travels with the run (nsl.data.rundata)
     # A resumed run replays the steps after its checkpoint: their old lines (and a partial last
     # line of a killed write) are dropped, so every step is logged once.
-    sinks = [observe.WandbSink(cfg, self.records.local, nsl_config.to_dict(cfg))] if self.is_main and cfg.get("log", {}).get("wandb") else []
+    sinks = [observe.WandbSink(cfg, self.records.local, nsl_config.to_dict(cfg))] if self.is_main and cfg.log.wandb else []
     r.writer = metrics.MetricsWriter(self.records.local, enabled=self.is_main, resume_step=start, sinks=sinks)
-    r.profiler = observe.StepProfiler(t.get("profile_steps"), self.records.local, self._log)
-    r.trace = observe.DataTrace(bool(cfg.get("log", {}).get("data_trace")), self.records.local, start,
+    r.profiler = observe.StepProfiler(t.profile_steps, self.records.local, self._log)
+    r.trace = observe.DataTrace(bool(cfg.log.data_trace), self.records.local, start,
                                 jax.process_index(), jax.process_count())
     r.bar = metrics.Progress(t.steps, initial=start, enabled=self.is_main and self.progress, every=t.log_every)
     r.meta = {"config": nsl_config.to_dict(cfg)}

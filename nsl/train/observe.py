@@ -26,7 +26,7 @@ WANDB_ID_FILE = "wandb_run_id"  # in the workdir: a resumed run continues the sa
 
 def validate(config) -> None:
   """`train.profile_steps`: (a, b) with 0 < a <= b <= train.steps, or None; `log.*`'s types."""
-  steps = config.train.get("profile_steps")
+  steps = config.train.profile_steps
   if steps is not None:
     ok = (isinstance(steps, (tuple, list)) and len(steps) == 2
           and all(isinstance(s, int) and not isinstance(s, bool) for s in steps))
@@ -36,16 +36,14 @@ def validate(config) -> None:
     if not 0 < a <= b <= config.train.steps:
       raise ConfigError(f"config.train.profile_steps=({a}, {b}) needs 0 < a <= b <= train.steps={config.train.steps}"
                         " (steps count from 1; a > 1 leaves the first step's compile out of the trace)")
-  log = config.get("log")
-  if log is None:
-    return
-  if not isinstance(log.get("wandb", False), bool):
+  log = config.log
+  if not isinstance(log.wandb, bool):
     raise ConfigError(f"config.log.wandb={log.wandb!r} must be true or false")
-  if log.get("wandb_mode", "") not in WANDB_MODES:
+  if log.wandb_mode not in WANDB_MODES:
     raise ConfigError(f"config.log.wandb_mode={log.wandb_mode!r} must be one of {WANDB_MODES} (\"\": wandb's default)")
-  if not isinstance(log.get("data_trace", False), bool):
+  if not isinstance(log.data_trace, bool):
     raise ConfigError(f"config.log.data_trace={log.data_trace!r} must be true or false")
-  if log.get("wandb") and not log.get("wandb_project"):
+  if log.wandb and not log.wandb_project:
     raise ConfigError("config.log.wandb_project is empty; name the W&B project the run logs to")
 
 
@@ -92,8 +90,7 @@ class StepProfiler:
 
 def check_wandb(config) -> None:
   """ConfigError when log.wandb is on and the wandb package is missing (before any compile)."""
-  log = config.get("log")
-  if log is None or not log.get("wandb"):
+  if not config.log.wandb:
     return
   try:
     import wandb  # noqa: F401
@@ -121,7 +118,7 @@ class WandbSink:
         f.write(run_id + "\n")
     try:
       self.run = wandb.init(project=log.wandb_project, name=log.wandb_name or os.path.basename(workdir),
-                            entity=log.get("wandb_entity") or None, mode=log.get("wandb_mode") or None,
+                            entity=log.wandb_entity or None, mode=log.wandb_mode or None,
                             dir=workdir, config=config_dict, id=run_id, resume="allow")
     except Exception as e:  # no network, no login, a bad entity: wandb's own words, on one line
       raise NslError(f"W&B did not start a run ({type(e).__name__}: {e}); log in with `wandb login`, or "

@@ -63,7 +63,7 @@ class Program:
   def _with_rules(self, fn, name: str):
     """`fn` traced under the config's logical axis rules and kernel switch (`model.cpu_kernels`),
     named `name` so a profile (`train.profile_steps`) and the compiled module say which step it is."""
-    cpu_kernels = self.config.model.get("cpu_kernels", True)
+    cpu_kernels = self.config.model.cpu_kernels
 
     def wrapped(*args):
       with nn.logical_axis_rules(self.rules), kernel_registry.use(cpu_kernels=cpu_kernels):

@@ -17,13 +17,13 @@ from nsl.models import registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--config.model.vocab_size=64", "--config.model.d_model=32", "--config.model.n_layers=2",
-        "--config.model.n_heads=2", "--config.model.d_ff=64", "--config.model.nextlat.hidden=32"]
+        "--config.model.n_heads=2", "--config.model.d_ff=64", "--config.nextlat.hidden=32"]
 
 
 def test_sweep_rows_per_draft_length():
   c = nextlat_configs.get_config("nextlat_tiny")
   c.model.update(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64)
-  c.model.nextlat.hidden = 32
+  c.nextlat.hidden = 32
   fam = registry.get_family(c)
   params = nn.unbox(fam.init(jax.random.PRNGKey(1)))
   params["embed"]["embedding"] = params["embed"]["embedding"] * 40.0  # sharp: no near-ties
@@ -61,7 +61,7 @@ def test_distinct_fraction_is_the_plain_outputs_and_sampling_runs():
 
   c = nextlat_configs.get_config("nextlat_tiny")
   c.model.update(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64)
-  c.model.nextlat.hidden = 32
+  c.nextlat.hidden = 32
   fam = registry.get_family(c)
   params = nn.unbox(fam.init(jax.random.PRNGKey(1)))
   params["embed"]["embedding"] = params["embed"]["embedding"] * 40.0

@@ -23,10 +23,8 @@ def _family(spec):
   c = config_lib.load_config(os.path.join(ROOT, "configs", spec))
   c.model.update(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64)
   c.data.seq_len = 16
-  if "nextlat" in c.model:
-    c.model.nextlat.hidden = 32
-  if "lift" in c:
-    c.lift.top_k = 8
+  c.nextlat.hidden = 32
+  c.lift.top_k = 8
   fam = registry.get_family(c)
   params = nn.unbox(fam.init(jax.random.PRNGKey(1)))
   params["embed"]["embedding"] = params["embed"]["embedding"] * 40.0  # sharper: no near-ties

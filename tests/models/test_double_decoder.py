@@ -20,9 +20,9 @@ T = 48
 def _dd_config(data_dir="/nonexistent", **kw):
   over = {"family": "double_decoder", "model.variant": "random_uniform", "data.seq_len": T,
           "model.n_layers": 3, **kw}
-  c = tiny_config(data_dir, **{k: v for k, v in over.items() if k != "model.gen_layers"})
-  c.model.gen_layers = kw.get("model.gen_layers", 1)
-  c.model.dd_cross_kv = "shared"
+  c = tiny_config(data_dir, **{k: v for k, v in over.items() if k != "double_decoder.gen_layers"})
+  c.double_decoder.gen_layers = kw.get("double_decoder.gen_layers", 1)
+  c.double_decoder.cross_kv = "shared"
   return c
 
 
@@ -147,7 +147,7 @@ def test_block_sampling_follows_the_authors_collator(strategy):
 
 def test_prompt_style_needs_a_histogram():
   from nsl.errors import ConfigError
-  with pytest.raises(ConfigError, match="dd_prompt_lengths"):
+  with pytest.raises(ConfigError, match="prompt_lengths_file"):
     dd.sample_blocks(jax.random.PRNGKey(0), 64, "prompt_style")
 
 

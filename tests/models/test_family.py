@@ -170,8 +170,8 @@ def test_mtp_validates_its_own_options_once():
   c = _config("mtp")
   assert "nextlat" not in c.model  # MTP needs no NextLat section ...
   with pytest.raises(ConfigError, match="mtp.horizon"):
-    _config("mtp", **{"model.mtp.horizon": 0})
+    _config("mtp", **{"mtp.horizon": 0})
   with pytest.raises(ConfigError, match="not a variant"):  # ... and the base check still runs
     _config("mtp", **{"model.variant": "nextlat"})
   with pytest.raises(ConfigError, match="nextlat.horizon"):
-    _config("nextlat", **{"model.nextlat.horizon": 0})
+    _config("nextlat", **{"nextlat.horizon": 0})

@@ -22,9 +22,9 @@ def _config(family="nextlat"):
   c.data.seq_len = T
   c.data.answer_token = ANS
   if family == "nextlat":
-    c.model.nextlat.horizon, c.model.nextlat.hidden = HORIZON, 24
+    c.nextlat.horizon, c.nextlat.hidden = HORIZON, 24
   else:
-    c.model.mtp.horizon = HORIZON
+    c.mtp.horizon = HORIZON
   return c
 
 
@@ -107,7 +107,7 @@ def test_emb_grad_off_cuts_only_the_path_through_p_psi(setup):
   fam, params = setup
   params = {**params, "dynamics": jax.tree.map(lambda w: 30.0 * w, params["dynamics"])}  # a visible path
   c = _config()
-  c.model.nextlat.emb_grad = False
+  c.nextlat.emb_grad = False
   off = registry.get_family(c)
   for name in ("kl", "next_h"):
     g_on, g_off = _grads(fam, params, name), _grads(off, params, name)

@@ -1,4 +1,4 @@
-"""NextLat's two readings of "the final-layer hidden state" h (`config.model.nextlat.latent`,
+"""NextLat's two readings of "the final-layer hidden state" h (`config.nextlat.latent`,
 REFERENCES §4): `final_norm` (after the trunk's final RMSNorm, what the tied head reads) and
 `residual` (the final residual stream before that norm; the head then reads RMSNorm(ĥ)). Both
 are checked against an independent computation: the residual latent from the trunk's blocks
@@ -24,7 +24,7 @@ def _family(latent: str, n_layers: int = 2):
   c = nextlat_configs.get_config("nextlat_tiny")
   c.model.vocab_size, c.model.d_model, c.model.n_layers, c.model.n_heads, c.model.d_ff = V, D, n_layers, 2, 32
   c.data.seq_len, c.data.answer_token = T, ANS
-  c.model.nextlat.horizon, c.model.nextlat.hidden, c.model.nextlat.latent = HORIZON, 24, latent
+  c.nextlat.horizon, c.nextlat.hidden, c.nextlat.latent = HORIZON, 24, latent
   fam = registry.get_family(c)
   return fam, nn.unbox(fam.init(jax.random.PRNGKey(1)))
 

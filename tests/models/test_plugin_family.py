@@ -1,10 +1,11 @@
 """A family is a plug-in (docs/design.md#families, issue #55): one defined here alone, registered
-through `nsl.models.registry.register`, trains with a config evaluator, generates with
-`nsl.generate`, is scored by `nsl.evals.nll` and runs through lm-eval's model class, and no
-module under nsl/ names it."""
+through `nsl.models.registry.register`, has its options mounted in the config, trains with a config
+evaluator, generates with `nsl.generate`, is scored by `nsl.evals.nll` and runs through lm-eval's
+model class, and no module under nsl/ names it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from types import SimpleNamespace
@@ -37,9 +38,15 @@ class Bigram(nn.Module):
     return self.embed.decode(self.embed.encode(tokens_BT))
 
 
+@dataclasses.dataclass(frozen=True)
+class BigramOptions:
+  logit_temperature: float = 1.0  # the logits are divided by it
+
+
 class BigramFamily(Family):
   name = NAME
   variants = ("bigram",)
+  options = BigramOptions
 
   def make_model(self):
     return Bigram(self.dims)
@@ -53,7 +60,8 @@ class BigramFamily(Family):
     return masks.Rule(causal=True, same_segment=True)
 
   def token_logits(self, params, batch, *, model=None):
-    return (model or self.model).apply({"params": params}, *self.model_inputs(batch))
+    logits = (model or self.model).apply({"params": params}, *self.model_inputs(batch))
+    return logits / self.options_of(self.config).logit_temperature
 
   def loss(self, params, batch, rng, step):
     _, targets, _, weights = cross_entropy.next_token_targets(batch)
@@ -121,6 +129,21 @@ def test_a_family_defined_in_a_test_trains_generates_and_is_scored(plugin_run, c
   assert np.isfinite(ll) and ll < 0
   (text,) = lm.generate_until([SimpleNamespace(args=("The state", {"until": ["\x00"], "max_gen_toks": 3}))])
   assert isinstance(text, str)
+
+
+def test_the_plugins_options_are_in_the_config_and_on_the_command_line(plugin_run):
+  from nsl import config as nsl_config
+  from nsl.errors import ConfigError
+
+  run, _ = plugin_run
+  with open(os.path.join(run, "config.json")) as f:
+    assert json.load(f)[NAME] == {"logit_temperature": 1.0}
+  c = nsl_config.load_config("configs/base.py", [("family", NAME), ("model.variant", "bigram"),
+                                                  (f"{NAME}.logit_temperature", "2")])
+  nsl_config.validate(c)
+  assert BigramFamily.options_of(c) == BigramOptions(logit_temperature=2.0)
+  with pytest.raises(ConfigError, match=f"did you mean '{NAME}.logit_temperature'"):
+    nsl_config.load_config("configs/base.py", [(f"{NAME}.logit_temprature", "2")])
 
 
 def test_no_module_under_nsl_names_the_plugin():

@@ -17,8 +17,8 @@ V = 400  # byte ids < 257, sentinels 399..300, decoder start 299
 def _sed_config(data_dir="/nonexistent", **kw):
   c = tiny_config(data_dir, **{"family": "sed", "model.variant": "sed", "model.vocab_size": V,
                                "model.n_layers": 3, **kw})
-  c.model.gen_layers = 1
-  c.model.noise_density, c.model.mean_span, c.model.sentinels = 0.15, 4.0, 100
+  c.sed.gen_layers = 1
+  c.sed.noise_density, c.sed.mean_span, c.sed.sentinels = 0.15, 4.0, 100
   return c
 
 

@@ -106,7 +106,7 @@ def _config(variant, window=3, layout="stream_major", impl="xla", seq_len=16, **
   c = tiny_config("/nonexistent", **{"family": "sps", "model.variant": variant, "model.window": window,
                                      "model.attention_impl": impl, "model.attention_chunk": 8,
                                      "data.seq_len": seq_len, "model.vocab_size": VOCAB, **kw})
-  c.model.layout = layout
+  c.sps.layout = layout
   return c
 
 
@@ -159,7 +159,7 @@ def test_rho_is_the_predict_row_of_the_tied_embedding():
   from nsl.train import state as state_lib
 
   tied_c = _config("sps", 3, "interleaved")
-  sep_c = _config("sps", 3, "interleaved", **{"model.predict_embedding": "separate"})
+  sep_c = _config("sps", 3, "interleaved", **{"sps.predict_embedding": "separate"})
   nsl_config.validate(tied_c)
   nsl_config.validate(sep_c)
   tied, sep = registry.get_family(tied_c), registry.get_family(sep_c)
@@ -199,7 +199,7 @@ def test_predict_token_id_defaults_past_the_tokenizer():
   assert sps.predict_token_id_of(_config("sps")) == 257  # byte ids 0..256
   c = _config("sps", **{"data.tokenizer": "bpe", "data.tokenizer_vocab": 4096, "model.vocab_size": 4160})
   assert sps.predict_token_id_of(c) == 4096
-  c.model.predict_token_id = 4159
+  c.sps.predict_token_id = 4159
   assert sps.predict_token_id_of(c) == 4159
   nsl_config.validate(c)
   c = nsl_config.load_config(os.path.join(ROOT, "configs/sps.py:sps_xs"))  # GPT-2: the authors' id
@@ -243,7 +243,7 @@ def test_standard_variant_is_the_plain_trunk():
 @pytest.mark.parametrize("variant,window,rho", [("sps", 0, "tied"), ("sps", 5, "separate"), ("twox_memory", None, "tied"),
                                                 ("delayed_state", 3, "tied"), ("reverse_sps", 7, "tied")])
 def test_flops_count_two_slots_one_head_and_visible_pairs(variant, window, rho):
-  fam = registry.get_family(_config(variant, window, seq_len=24, **{"model.predict_embedding": rho}))
+  fam = registry.get_family(_config(variant, window, seq_len=24, **{"sps.predict_embedding": rho}))
   counts = fam.param_counts()  # family only: nothing compiled
   d, v, layers = 32, VOCAB, 2
   # token embedding (ρ is one of its rows when tied), + the separate <predict> vector otherwise
@@ -259,11 +259,11 @@ def test_flops_count_two_slots_one_head_and_visible_pairs(variant, window, rho):
     ({"model.variant": "reverse_sps", "model.window": None}, "model.window is None"),
     ({"model.variant": "twox_memory", "model.window": 8}, "twox_memory"),
     ({"model.variant": "bogus"}, "variant"),
-    ({"model.predict_embedding": "shared"}, "model.predict_embedding"),
+    ({"sps.predict_embedding": "shared"}, "sps.predict_embedding"),
     ({"model.vocab_size": 257}, "predict_token_id=257"),  # no free row for ρ above the byte ids
-    ({"model.predict_token_id": 100}, "predict_token_id=100"),  # a real token's row
-    ({"model.predict_token_id": VOCAB}, "predict_token_id=264"),  # outside the embedding
-    ({"model.predict_embedding": "separate", "model.predict_token_id": 260}, "no effect"),
+    ({"sps.predict_token_id": 100}, "predict_token_id=100"),  # a real token's row
+    ({"sps.predict_token_id": VOCAB}, "predict_token_id=264"),  # outside the embedding
+    ({"sps.predict_embedding": "separate", "sps.predict_token_id": 260}, "no effect"),
 ])
 def test_validate_names_the_field(overrides, match):
   c = _config("sps", **overrides)
@@ -273,13 +273,13 @@ def test_validate_names_the_field(overrides, match):
 
 def test_bad_layout_and_default_layout():
   c = _config("sps", layout="diagonal")
-  with pytest.raises(ConfigError, match="model.layout"):
+  with pytest.raises(ConfigError, match="sps.layout"):
     nsl_config.validate(c)
   c = tiny_config("/nonexistent", **{"family": "sps", "model.variant": "sps", "model.window": 4, "model.vocab_size": VOCAB})
   assert "layout" not in c.model
   nsl_config.validate(c)
   assert registry.get_family(c).layout_name == sps.DEFAULT_LAYOUT == "stream_major"
-  c.model.layout = "interleaved"
+  c.sps.layout = "interleaved"
   assert registry.get_family(c).layout_name == "interleaved"
 
 

@@ -156,7 +156,7 @@ def fixture_config(model: str):
   over = {f"model.{k}": v for k, v in FIXTURE.items()}
   over["data.seq_len"] = FIXTURE_SEQ
   if model == "dd":
-    over["model.gen_layers"] = 1
+    over["double_decoder.gen_layers"] = 1
   return dd_port.load_config(model, **over)
 
 

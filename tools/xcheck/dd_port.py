@@ -92,9 +92,9 @@ def to_nsl(model: str, state, config) -> dict:
   if model == "dec":
     params = {"trunk": mp.stack("layers", n_layers, "output_norm")}
   elif model == "dd":
-    params = mp.two_stacks(n_layers, int(m.gen_layers), ("context", "gen", "gen_norm"), mp.gen_layer)
+    params = mp.two_stacks(n_layers, int(config.double_decoder.gen_layers), ("context", "gen", "gen_norm"), mp.gen_layer)
   elif model == "sed":
-    params = mp.two_stacks(n_layers, int(m.gen_layers), ("encoder", "dec", "dec_norm"), mp.sed_layer)
+    params = mp.two_stacks(n_layers, int(config.sed.gen_layers), ("encoder", "dec", "dec_norm"), mp.sed_layer)
   else:
     raise ValueError(f"model {model!r} is not one of {tuple(CONFIGS)}")
   params["embed"] = {"embedding": mp.get("embedding.weight")}

@@ -51,8 +51,8 @@ def tiny_config(init_seed: int | None = None, size: str = "tiny"):
   c = nextlat_configs.nextlat_path_star()
   nextlat_configs.path_star_data(c, d=2, l=5, n_train=20_000, n_test=1_000)
   nextlat_configs.path_star_model(c, layers=z["n_layers"], heads=z["n_heads"], width=z["d_model"])
-  c.model.nextlat.horizon = HORIZON
-  c.model.nextlat.hidden = authors_hidden(z["d_model"], z["proj_factor"])
+  c.nextlat.horizon = HORIZON
+  c.nextlat.hidden = authors_hidden(z["d_model"], z["proj_factor"])
   c.train.batch_size, c.train.steps, c.train.lr = z["batch"], STEPS, LR
   c.model.dtype = "float32"
   c.init_seed = init_seed
@@ -80,7 +80,7 @@ def cmd_batches(a) -> None:
   os.makedirs(a.out, exist_ok=True)
   np.save(os.path.join(a.out, "train_tokens.npy"), tokens)
   np.save(os.path.join(a.out, "train_segment.npy"), segment)
-  n = c.model.nextlat
+  n = c.nextlat
   meta = {"seq_len": int(c.data.seq_len), "eos_id": path_star.EOS,
           # their prompt mask: targets at document positions 1..context_length+1 are dropped, so
           # context_length = prompt_len - 1 drops every target up to '=' (nsl: data.answer_token)

@@ -35,7 +35,7 @@ def cell_config(arm: str, layers: int, heads: int, width: int, d: int = 5, l: in
   nextlat_configs.path_star_data(c, d=d, l=l, n_train=n_train, n_test=20_000)
   nextlat_configs.path_star_model(c, layers=layers, heads=heads, width=width)
   if "nextlat" in c.model:
-    c.model.nextlat.hidden = authors_hidden(width)
+    c.nextlat.hidden = authors_hidden(width)
   return c
 
 
