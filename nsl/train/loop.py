@@ -17,7 +17,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 import nsl
-from nsl import checkpoint, metrics, sharding, storage
+from nsl import checkpoint, metrics, options, sharding, storage
 from nsl import config as nsl_config
 from nsl.data import mixture
 from nsl.data import bytes_per_token, datadir, pipeline, prepare, rundata
@@ -147,7 +147,9 @@ class Trainer:
 
   def __init__(self, config, workdir: str, restore_from: str | None = None, progress: bool = True,
                devices=None):
-    """`devices`: the devices of the mesh (default: all). Tests use a subset to compare meshes."""
+    """`devices`: the devices of the mesh (default: all). Tests use a subset to compare meshes.
+    A config built for an older nsl is read in today's layout (`nsl.options.upgrade`, in place)."""
+    options.upgrade(config)
     self.config, self.workdir, self.restore_from = config, storage.resolve(workdir), restore_from
     # The records' local directory: the workdir itself, or a cache copied up to a gs:// workdir.
     self.records = storage.Records(self.workdir)
