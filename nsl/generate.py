@@ -45,7 +45,8 @@ def parse_args(argv):
                  help="NextLat's self-speculative decoding (drafts from the latent dynamics model)")
   p.add_argument("--draft_len", type=int, default=None, help="drafted tokens per speculative round (default: the run's)")
   p.add_argument("--ignore_eos", action="store_true", help="keep generating after the end-of-document token")
-  p.add_argument("--data", default=None, help="a data directory with the run's tokenizer (default: its data.path)")
+  p.add_argument("--data", default=None, help="a data directory whose tokenizer to use instead of the run's own copy "
+                                            "(WORKDIR/tokenizer; a run recorded without one: its data.path)")
   args = p.parse_args(argv)
   if args.max_new_tokens < 1:
     raise ConfigError(f"--max_new_tokens={args.max_new_tokens} must be at least 1")

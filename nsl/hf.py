@@ -343,8 +343,8 @@ def parse_args(argv):
   ex = sub.add_parser("export", help="a standard run -> a LlamaForCausalLM directory")
   ex.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (config.json, checkpoints/)")
   ex.add_argument("out_dir", metavar="OUT_DIR", help="the directory to write")
-  ex.add_argument("--data", default=None, help="the run's data directory (default: its config's data.path), "
-                                               "whose tokenizer is exported")
+  ex.add_argument("--data", default=None, help="a data directory whose tokenizer is exported instead of the "
+                                               "run's own copy (WORKDIR/tokenizer; a run recorded without one: its data.path)")
   im = sub.add_parser("import", help="a LlamaForCausalLM directory -> an nsl run directory")
   im.add_argument("hf_dir", metavar="HF_DIR", help="a save_pretrained directory (config.json, safetensors)")
   im.add_argument("out_dir", metavar="OUT_DIR", help="the run directory to write")
