@@ -252,6 +252,8 @@ def cell_rows(root: str, run_ids: list[str] | None = None, live: bool = False) -
            "val_loss": val}
     if live and state == "running":
       row.update(progress(d, int(cell.get("steps") or 0)))
+      if status.get("note"):  # a held job (nsl.scaling.runner._note)
+        row["note"] = status["note"]
     if live and state == "failed":
       row["error"] = status.get("error") or log_tail(d)
     rows.append(row)

@@ -280,7 +280,9 @@ def format_table(rows: list[dict]) -> str:
 
 
 def _live(row: dict) -> str:
-  """A running cell's progress, a failed one's error tail (`cell_rows(live=True)`)."""
+  """A running cell's progress (or why its job waits), a failed one's error tail (`cell_rows(live=True)`)."""
+  if row.get("note"):
+    return f"  ({row['note']})"
   if "step" in row:
     eta = f", {row['eta_s'] / 60:.0f} min left" if "eta_s" in row else ""
     return f"  (step {row['step']}, loss {row['loss']:.4f}{eta})"

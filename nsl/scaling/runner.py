@@ -76,6 +76,18 @@ class Runner:
   def _on_signal(self, signum, frame) -> None:
     self.stop_requested += 1
 
+  def _note(self, run_id: str, handle, notes: dict) -> None:
+    """Why a started cell's job is not running, from the backend's optional `waiting` (a held Slurm
+    job waits for a release however long): said once each time it changes, kept in status.json's
+    `note` for `grid status`."""
+    waiting = getattr(self.backend, "waiting", None)
+    note = waiting(handle) if waiting else None
+    if note != notes.get(run_id):
+      notes[run_id] = note
+      if note:
+        self._say(f"{run_id}: {note}")
+      update_status(self._dir(run_id), note=note)
+
   def run(self) -> dict[str, int]:
     no_data = self._prepare()
     queue = [c for c in self.cells if result_status(self._dir(c.run_id)) != "done" and c.run_id not in no_data]
@@ -85,6 +97,7 @@ class Runner:
     active: dict[str, tuple] = {}  # run_id -> (cell, handle, lock, started, slot)
     failures: dict[str, int] = {}
     preemptions: dict[str, int] = {}
+    notes: dict[str, str | None] = {}  # run_id -> why its started job is not running (`_note`)
     busy_elsewhere: set[str] = set()
     terminated = False
     try:
@@ -114,6 +127,7 @@ class Runner:
             if not lock.heartbeat() and not self.stop_requested:
               self._say(f"lost the claim on {run_id} (another runner took it over): stopping it here")
               self.backend.terminate(handle)
+            self._note(run_id, handle, notes)
             continue
           del active[run_id]
           update_status(self._dir(run_id), job=self.backend.describe(handle))  # where it ran, as it ended
@@ -182,7 +196,7 @@ class Runner:
     resumed = storage.isdir(ckpt) and any(n.isdigit() for n in storage.listdir(ckpt))
     handle = self.backend.start(placed, d, slot)
     lock.set_child(getattr(handle, "pid", None))
-    update_status(d, status="running", attempts=attempt, started=stamp(), finished=None,
+    update_status(d, status="running", attempts=attempt, started=stamp(), finished=None, note=None,
                   command=placed.launch_args(d), backend=self.backend.name, job=self.backend.describe(handle),
                   runner_pid=os.getpid(), runner_host=os.uname().nodename)
     self._say(f"start {cell.run_id} (attempt {attempt}{', resuming' if resumed else ''})")

@@ -236,6 +236,19 @@ exec {py} -m nsl.scaling.task --workdir={shlex.quote(workdir)} --name="$name" --
     self.jobs.pop(job.job_id, None)
     return job.rc
 
+  def waiting(self, job: SlurmJob) -> str | None:
+    """Why a cell's job is not running, when Slurm holds it: a held job (JobHeldAdmin,
+    JobHeldUser) waits for `scontrol release`, however long, so the runner says so; None for a
+    running job or one merely queued (Priority, Resources: it starts on its own)."""
+    if job.state not in ("PENDING", "REQUEUE_HOLD") or job.rc is not None:
+      return None
+    proc = _slurm("scontrol", "show", "job", "-o", job.job_id)
+    reason = _fields(proc.stdout).get("Reason", "") if proc.returncode == 0 else ""
+    if not reason.startswith("JobHeld") and job.state != "REQUEUE_HOLD":
+      return None
+    return (f"Slurm job {job.job_id} is held ({reason or job.state}): it starts after "
+            f"`scontrol release {job.job_id}`; `grid run` waits for it")
+
   def job_state(self, job_id: str) -> tuple[str, str] | None:
     """(state, "exit:signal") from sacct, else scontrol, else the jobcomp file; ("GONE", "") when
     none of them knows the job; None when Slurm could not be asked."""

@@ -9,7 +9,9 @@ GCS emulator (tests/storage/emulator.py): docs/guide/pods.md#slurm, issue #53.
     the runner's and finishes from the checkpoint its SIGTERM saved, to the state digest of the
     uninterrupted run;
   - SIGTERM to the runner cancels its jobs (after their tasks checkpoint) and leaves its cells
-    pending.
+    pending;
+  - a held job (JobHeldUser here, an admin's JobHeldAdmin alike) waits for its release: the runner
+    says so once, `grid status` shows it, and the cell runs once released.
 """
 
 import json
@@ -213,6 +215,32 @@ def test_stopping_the_runner_cancels_its_jobs_and_leaves_the_cells_pending(slurm
     assert read(str(d / "result.json"))["status"] == "preempted"  # the tasks saved: SIGTERM, not a kill
   table = grid("status", f"--root={root}").stdout
   assert table.count("pending") == 2, table
+
+
+def test_a_held_job_is_said_and_shown_and_the_cell_runs_once_released(slurm, tmp_path):
+  path = grid_file(tmp_path, "held", [{"train.steps": 12}])
+  root = tmp_path / "held"
+  runner = run_slurm(path, str(root), "--slurm_extra=--hold", popen=True)  # submitted held (JobHeldUser)
+  try:
+    def noted():
+      """the held job named in the cell's status.json"""
+      cells = [d for d in root.iterdir() if (d / "status.json").is_file()] if root.is_dir() else []
+      return cells[0] if cells and read(str(cells[0] / "status.json")).get("note") else None
+    cell_dir = wait_for(noted, 80, proc=runner)
+    status = read(str(cell_dir / "status.json"))
+    job_id = status["job"]["job_id"]
+    assert "held (JobHeldUser)" in status["note"] and f"scontrol release {job_id}" in status["note"], status
+    table = grid("status", f"--root={root}").stdout
+    assert "running" in table and f"Slurm job {job_id} is held (JobHeldUser)" in table, table
+    subprocess.run(["scontrol", "release", job_id], check=True, timeout=30)
+    out, _ = runner.communicate(timeout=150)
+  finally:
+    if runner.poll() is None:
+      runner.kill()
+  assert runner.returncode == 0, out[-3000:]
+  assert out.count("is held (JobHeldUser)") == 1, out[-3000:]  # said once, not every poll
+  status = read(str(cell_dir / "status.json"))
+  assert status["status"] == "done" and status["note"] is None, status
 
 
 def test_the_job_a_multi_node_gpu_cell_gets_and_how_its_end_is_read():
