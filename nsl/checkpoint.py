@@ -11,6 +11,10 @@ snapshotted at save time into the metadata (`data_state`), and a restore onto an
 device count sets every process's iterator from it, each then reading its own rows of the
 following global batches. Checkpoints of older nsl hold Grain's per-process files
 (`data/process_P-of-N.json`) instead; those restore with the same process count only.
+
+Each step's metadata also holds a fingerprint of every array (`nsl.fingerprint`), checked when
+the step is restored: an array changed on disk (a flipped byte, which Orbax would read as another
+number) makes the step damaged like a truncated file.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 import nsl
-from nsl import lease, storage
+from nsl import fingerprint, lease, storage
 from nsl.errors import NslError, disk_full_cause, disk_full_error, warn
 
 
@@ -123,6 +127,7 @@ class Checkpointer:
                 nsl_version=nsl.__version__)
     if data_iterator is not None:  # a copy taken now: the live iterator moves on during an async save
       meta["data_state"] = global_data_state(data_iterator)
+    meta["fingerprint"] = fingerprint.of(state)  # checked on restore (`check_fingerprint`)
     args = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
     self._state_bytes = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(state))
     try:
@@ -211,6 +216,7 @@ class Checkpointer:
     if per_process:
       args["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
     restored = self.manager.restore(step, args=ocp.args.Composite(**args))
+    check_fingerprint(meta, restored["state"])
     if data_iterator is not None and not per_process:
       data_iterator.set_state(meta["data_state"])
       getattr(data_iterator, "start_prefetch", lambda: None)()
@@ -296,7 +302,9 @@ def _restore_newest(manager, steps, abstract_state, path, directory, flag):
   mismatch, first_failure = None, None
   for step in steps:  # the newest that restores; a damaged one is skipped with a warning
     try:
-      restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
+      restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+                                                               meta=ocp.args.JsonRestore()))
+      check_fingerprint(restored["meta"], restored["state"])
       if step != steps[0] and flag == "--restore_from":
         newest = storage.join(directory, str(steps[0]))
         raise NslError(f"{flag}={path!r}: its newest checkpoint {newest} is damaged "
@@ -412,6 +420,21 @@ def _drop_closed_loop_noise(previous=sys.unraisablehook):
 
 
 sys.unraisablehook = _drop_closed_loop_noise()
+
+
+class ChangedArray(Exception):
+  """A restored array that differs from the fingerprint saved with it: damage (not an NslError, so
+  the readers set the step aside and try an older one)."""
+
+
+def check_fingerprint(meta: dict[str, Any], state) -> None:
+  """ChangedArray naming the first array of `state` whose fingerprint is not the one the step's
+  metadata recorded (a checkpoint of an nsl from before fingerprints has none: nothing to check)."""
+  saved = meta.get("fingerprint")
+  if saved:
+    changed = fingerprint.first_difference(saved, fingerprint.of(state))
+    if changed is not None:
+      raise ChangedArray(f"array {changed} differs from the fingerprint saved with it (changed on disk)")
 
 
 def _reason(e: BaseException) -> str:
