@@ -108,8 +108,8 @@ def coerce(value: Any, schema, name: str, where: str) -> Any:
 
 def read(schema, node, where: str, **given) -> Any:
   """`schema` built from the section `node` mounted at `config.<where>`, each field typed
-  (`coerce`); `given` supplies fields that live elsewhere (LIFT's variant). Fields of `node` that
-  `schema` does not declare are another schema's (`check_known` refuses strays)."""
+  (`coerce`); `given` replaces some (`Dims.from_config`'s overrides). Fields of `node` that
+  `schema` does not declare are another schema's (`nsl.options.check_known` refuses strays)."""
   values = dict(given)
   for name in field_names(schema):
     if name in values:

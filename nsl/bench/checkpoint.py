@@ -5,8 +5,10 @@
 
 The train state is the parameters and Adam's two moments, all float32: 12 bytes a parameter
 (`describe`: from shapes alone, so XL is costed in seconds). A save is timed as the trainer sees
-it: `blocking_s`, until `Checkpointer.save` returns (an async save: the copy off the devices and
-the start of the write), and `total_s`, until the write is committed. `--dir` may be a gs://
+it: `blocking_s`, until `Checkpointer.save` returns (an async save: the arrays' fingerprint,
+`nsl.fingerprint`, the copy off the devices and the start of the write), and `total_s`, until the
+write is committed; `fingerprint_s` times the fingerprint alone, the part of `blocking_s` that
+checks a restore. `--dir` may be a gs://
 bucket (an emulator through STORAGE_EMULATOR_HOST). One JSON line per save, then a summary with
 the measured write throughput and the seconds a state of `--bytes_for` (default: the config's own)
 would take at it: what `checkpoint.every_minutes` adds to a preemption's loss.
@@ -42,7 +44,7 @@ def _state(config):
 
 def run(config, directory: str, repeats: int) -> list[dict]:
   import jax
-  from nsl import checkpoint, storage
+  from nsl import checkpoint, fingerprint, storage
 
   state = _state(config)
   nbytes = sum(int(x.nbytes) for x in jax.tree.leaves(state))
@@ -52,11 +54,14 @@ def run(config, directory: str, repeats: int) -> list[dict]:
   try:
     for i in range(repeats):
       t0 = time.perf_counter()
+      fingerprint.of(state)
+      fingerprinted = time.perf_counter() - t0
+      t0 = time.perf_counter()
       ckpt.save(i + 1, state, None, {}, force=True)
       blocking = time.perf_counter() - t0
       ckpt.wait()
       rows.append({"save": i + 1, "bytes": nbytes, "blocking_s": round(blocking, 4),
-                   "total_s": round(time.perf_counter() - t0, 4)})
+                   "total_s": round(time.perf_counter() - t0, 4), "fingerprint_s": round(fingerprinted, 4)})
       print(json.dumps(rows[-1]), flush=True)
   finally:
     ckpt.close()
@@ -84,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
   rows = run(config, args.dir, args.repeats)
   best = min(rows[1:] or rows, key=lambda r: r["total_s"])
   summary = {"config": args.config, "dir": args.dir, "bytes": best["bytes"], "best_total_s": best["total_s"],
-             "best_blocking_s": best["blocking_s"], "write_mb_per_s": round(best["bytes"] / best["total_s"] / 1e6, 1)}
+             "best_blocking_s": best["blocking_s"], "write_mb_per_s": round(best["bytes"] / best["total_s"] / 1e6, 1),
+             "fingerprint_s": best["fingerprint_s"],
+             "fingerprint_mb_per_s": round(best["bytes"] / max(best["fingerprint_s"], 1e-9) / 1e6, 1)}
   if args.bytes_for:
     other = state_bytes(nsl_config.load_config(args.bytes_for, []))
     summary.update(bytes_for=args.bytes_for, other_bytes=other,
