@@ -5,6 +5,7 @@
   python -m nsl.scaling.grid run    --grid=configs/grids/X.py --root=DIR|gs://BUCKET/DIR
                                     [--backend=local|tpu|slurm|ray] [--parallel=N] [--retries=2]
   python -m nsl.scaling.grid status --root=DIR|gs://BUCKET/DIR
+  python -m nsl.scaling.grid rekey  --grid=configs/grids/X.py --root=DIR [--dry_run]
   python -m nsl.scaling.grid plan   --grid=configs/grids/X.py --generation=v5p   (chip-hours before booking)
 
 A grid file defines `get_grid()` returning a dict, or a list of dicts whose cells are united:
@@ -316,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
   st = sub.add_parser("status", help="print a table of the cells under --root (running: step, loss, time left)")
   st.add_argument("--root", required=True, help="the grid root (one directory per cell), local or gs://")
   st.add_argument("--json", action="store_true", help="one JSON object per cell")
+  rk = sub.add_parser("rekey", help="move cells run under an older run id to the id the grid gives them now, "
+                      "when their run recorded the same experiment (nsl.scaling.rekey)")
+  rk.add_argument("--grid", required=True, help="the grid file (configs/grids/NAME.py)")
+  rk.add_argument("--root", required=True, help="the grid root, local or gs://")
+  rk.add_argument("--dry_run", action="store_true", help="say what would move, move nothing")
   plan_cmd.add_parser(sub)
   args = p.parse_args(argv)
   if args.command == "plan":
@@ -341,6 +347,13 @@ def main(argv: list[str] | None = None) -> int:
       print(f"{len(cells)} cells")
     return 0
   root = storage.resolve(args.root)
+  if args.command == "rekey":
+    from nsl.scaling import rekey
+
+    storage.check_bucket(root, "--root")
+    moved = rekey.rekey(cells, root, args.dry_run)
+    print(f"{moved} cell(s) {'to move' if args.dry_run else 'moved'}")
+    return 0
   backend = backends.make_backend(args.backend, args, root)
   counts = runner.Runner(cells, root, backend, args.parallel, args.retries, args.poll_seconds).run()
   print(format_table(cell_rows(root, [c.run_id for c in cells])))
