@@ -17,13 +17,18 @@ def _tree(rng):
 
 def test_the_fingerprint_does_not_depend_on_the_mesh():
   tree = _tree(np.random.default_rng(0))
+  tree["f64"] = np.random.default_rng(2).standard_normal(5)  # a host array: summed as JAX holds it (float32)
   devices = np.array(jax.devices())
   assert devices.size == 8, "the suite runs with 8 CPU devices (tests/conftest.py)"
   mesh = Mesh(devices.reshape(4, 2), ("a", "b"))
   sharded = dict(tree, w=jax.device_put(tree["w"], NamedSharding(mesh, P("a", "b"))),
                  b=jax.device_put(tree["b"], NamedSharding(mesh, P("a"))))
   one = fingerprint.of(tree)
-  assert fingerprint.of(sharded) == one and sorted(one) == ["['b']", "['count']", "['mask']", "['w']"]
+  assert fingerprint.of(sharded) == one and sorted(one) == ["['b']", "['count']", "['f64']", "['mask']", "['w']"]
+  # numpy sums a CPU run's arrays in place, the jitted pass an accelerator's: the same numbers
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  jitted = np.asarray(fingerprint._sums([x for _, x in leaves]))
+  assert {jax.tree_util.keystr(p): f"{int(a):08x}{int(b):08x}" for (p, _), (a, b) in zip(leaves, jitted)} == one
   assert all(len(v) == 16 for v in one.values())
 
 
