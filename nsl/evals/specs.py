@@ -15,10 +15,10 @@ evaluators' modules, which import what imports `nsl.config`.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 
+from nsl import schema
 from nsl.errors import ConfigError
 from nsl.evals.kinds import KINDS, Kind, Option, options
 
@@ -32,34 +32,24 @@ def _as_dict(value) -> dict | None:
 
 
 def _did_you_mean(word, known) -> str:
-  close = difflib.get_close_matches(str(word), [str(k) for k in known], n=1)
-  return f"did you mean {close[0]!r}? " if close else ""
-
-
-def _check_type(where: str, value, kind: type) -> None:
-  if kind is float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-  elif kind is int:
-    ok = isinstance(value, int) and not isinstance(value, bool)
-  else:
-    ok = isinstance(value, kind)
-  if not ok:
-    what = {float: "a finite number", int: "an integer", str: "a string"}[kind]
-    raise ConfigError(f"{where}={value!r} must be {what}")
+  return schema.did_you_mean(str(word), [str(k) for k in known])
 
 
 def _field(where: str, kind: str, o: Option, value):
-  """The value of field `o` given `value` (absent or None: its default); ConfigError naming it."""
+  """The value of field `o` given `value` (absent or None: its default), typed as the config's
+  schemas are (`nsl.schema.coerce`); ConfigError naming it."""
   if value is None and not o.required:
     value = o.default  # None (an ml_collections placeholder) reads as the default
   if o.required and value in ("", None):
     raise ConfigError(f"{where} is required for a {kind!r} evaluator")
-  _check_type(where, value, o.type)
+  value = schema.coerce(value, KINDS[kind], o.name, where)
+  if o.type is float and not math.isfinite(value):
+    raise ConfigError(f"{where}={value!r} must be a finite number")
   if o.minimum is not None and value < o.minimum:
     raise ConfigError(f"{where}={value} must be >= {o.minimum:g}")
   if o.choices and value not in o.choices:
-    raise ConfigError(f"{where}={value!r} is unknown; {_did_you_mean(value, o.choices)}choose one of {list(o.choices)}")
-  return float(value) if o.type is float else value
+    raise ConfigError(f"{where}={value!r} is unknown{_did_you_mean(value, o.choices)}; choose one of {list(o.choices)}")
+  return value
 
 
 def resolve(name: str, spec) -> Kind:
@@ -74,12 +64,12 @@ def resolve(name: str, spec) -> Kind:
     raise ConfigError(f"{where} must be a dict with a 'kind' (one of {sorted(KINDS)}), got {spec!r}")
   kind = fields.pop("kind", None)
   if kind not in KINDS:
-    raise ConfigError(f"{where}.kind={kind!r} is unknown; {_did_you_mean(kind, KINDS)}choose one of {sorted(KINDS)}")
+    raise ConfigError(f"{where}.kind={kind!r} is unknown{_did_you_mean(kind, KINDS)}; choose one of {sorted(KINDS)}")
   allowed = options(KINDS[kind])
   unknown = sorted(set(fields) - {o.name for o in allowed})
   if unknown:
-    raise ConfigError(f"{where}.{unknown[0]}: not a field of a {kind!r} evaluator; "
-                      f"{_did_you_mean(unknown[0], [o.name for o in allowed])}its fields: {[o.name for o in allowed]}")
+    raise ConfigError(f"{where}.{unknown[0]}: not a field of a {kind!r} evaluator"
+                      f"{_did_you_mean(unknown[0], [o.name for o in allowed])}; its fields: {[o.name for o in allowed]}")
   return KINDS[kind](**{o.name: _field(f"{where}.{o.name}", kind, o, fields.get(o.name)) for o in allowed})
 
 

@@ -100,11 +100,11 @@ def test_every_field_declares_a_type_help_and_what_the_command_takes_for_it():
 
 
 def test_an_unknown_field_or_kind_names_the_nearest_one():
-  with pytest.raises(ConfigError, match=r"config\.evals\.x\.per_lenght: not a field .*did you mean 'per_length'\?"):
+  with pytest.raises(ConfigError, match=r"config\.evals\.x\.per_lenght: not a field .*\(did you mean 'per_length'\?\)"):
     specs.resolve("x", {"kind": "length_generalization", "per_lenght": 8})
-  with pytest.raises(ConfigError, match=r"config\.evals\.x\.kind='plannin' is unknown; did you mean 'planning'\?"):
+  with pytest.raises(ConfigError, match=r"config\.evals\.x\.kind='plannin' is unknown \(did you mean 'planning'\?\)"):
     specs.resolve("x", {"kind": "plannin"})
-  with pytest.raises(ConfigError, match=r"config\.evals\.x\.task='hellaswg' is unknown; did you mean 'hellaswag'\?"):
+  with pytest.raises(ConfigError, match=r"config\.evals\.x\.task='hellaswg' is unknown \(did you mean 'hellaswag'\?\)"):
     specs.resolve("x", {"kind": "zeroshot", "task": "hellaswg", "data": "f"})
   with pytest.raises(ConfigError, match=r"config\.evals\.x\.zzz: not a field of a 'nll' evaluator; its fields"):
     specs.resolve("x", {"kind": "nll", "data": "d", "zzz": 1})

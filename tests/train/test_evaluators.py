@@ -54,8 +54,10 @@ def test_the_trainer_logs_two_evaluators_at_every_eval_step(corpus, tmp_path):
     ({"x": {"kind": "bleu"}}, "config.evals.x.kind='bleu' is unknown"),
     ({"x": {"kind": "nll"}}, "config.evals.x.data is required"),
     ({"x": {"kind": "nll", "data": "d", "batchez": 2}},
-     "config.evals.x.batchez: not a field of a 'nll' evaluator; did you mean 'batches'?"),
+     "config.evals.x.batchez: not a field of a 'nll' evaluator (did you mean 'batches'?)"),
     ({"x": {"kind": "planning", "batch_size": 0}}, "config.evals.x.batch_size=0 must be >= 1"),
+    ({"x": {"kind": "planning", "temperature": "hot"}}, "config.evals.x.temperature='hot' must be a number"),
+    ({"x": {"kind": "planning", "batch_size": True}}, "config.evals.x.batch_size=True must be an integer"),
     ({"x": {"kind": "zeroshot", "task": "mmlu", "data": "f"}}, "config.evals.x.task='mmlu' is unknown"),
     ({"x-y": {"kind": "nll", "data": "d"}}, "config.evals.x-y: an evaluator's name"),
 ])
