@@ -278,12 +278,13 @@ def _check_kernels(m) -> None:
                       "config.model.cpu_kernels=False switches off; use auto or chunked, or turn them on")
 
 
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+  """A nested config dict as {"a.b.c": leaf}."""
   if not isinstance(d, dict):
     return {prefix[:-1]: d}
   out = {}
   for k, v in d.items():
-    out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
   return out
 
 
@@ -294,7 +295,7 @@ def resume_differences(saved: dict, now: dict) -> list[tuple[str, Any, Any]]:
   options of families other than the run's are not compared, nor fields only one side has."""
   from nsl import options
 
-  a, b = (_flatten(options.own_sections(options.upgraded(d))) if d else {} for d in (saved, now))
+  a, b = (flatten(options.own_sections(options.upgraded(d))) if d else {} for d in (saved, now))
   may = lambda f: any(f == p or f.startswith(p + ".") for p in RESUME_MAY_CHANGE)
   order = lambda f: (f not in ("family", "model.variant"), f)
   return [(f, a[f], b[f]) for f in sorted(set(a) & set(b), key=order) if not may(f) and a[f] != b[f]]

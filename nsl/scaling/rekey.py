@@ -28,15 +28,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 PLACEMENT = ("data.path", "log", "train.profile_steps", "checkpoint.every_minutes")
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-  out = {}
-  for k, v in d.items():
-    out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) and k != "evals" else {f"{prefix}{k}": v})
-  return out
-
-
 def _comparable(config_dict: dict) -> dict:
-  flat = _flat(options.own_sections(options.upgraded(config_dict)))
+  flat = nsl_config.flatten(options.own_sections(options.upgraded(config_dict)))
   return {k: v for k, v in flat.items() if not any(k == p or k.startswith(p + ".") for p in PLACEMENT)}
 
 
