@@ -356,7 +356,7 @@ def _check_mesh_shape(config) -> None:
 
 def _check_numeric_ranges(config) -> None:
   """Every trunk field with a meaningful range, named when out of it."""
-  m, t = config.model, config.train
+  m = config.model
   for field in ("train.lr", "train.eps", "model.rope_theta", "model.norm_eps", "model.init_std"):
     _positive(config, field)
   _in_range(config, "train.b1", 0.0, 1.0, why=" (Adam's first-moment decay)")

@@ -131,7 +131,6 @@ def check_importable(hf: dict, config, where: str) -> None:
     raise NslError(f"{where}: head_dim={hf.get('head_dim')} != hidden_size/num_attention_heads; nsl's heads "
                    "split d_model evenly")
   theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-  m = config.model
   pairs = (("vocab_size", "vocab_size", hf.get("vocab_size")), ("hidden_size", "d_model", hidden),
            ("num_hidden_layers", "n_layers", hf.get("num_hidden_layers")),
            ("num_attention_heads", "n_heads", heads), ("intermediate_size", "d_ff", hf.get("intermediate_size")),

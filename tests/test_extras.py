@@ -13,7 +13,6 @@ import tomllib
 import ml_collections
 import pytest
 
-from nsl import storage
 from nsl.errors import NslError
 from tests.helpers import ROOT
 

@@ -269,8 +269,6 @@ def _cached_step(dims: layers.Dims, model: LiftLM, params, cache, tok_B, fed_BD,
   persistent window when set), exactly the parallel forward's. RoPE positions are row positions
   as in the parallel forward; attention only sees their differences, so a document's logits do
   not depend on where it starts in the row."""
-  from nsl import decode, schema
-
   x = model.apply({"params": params}, tok_B[:, None], None if fed_BD is None else fed_BD[:, None], method=LiftLM.embed)
   t1 = jnp.reshape(jnp.asarray(t, jnp.int32), (1,))
   seg_B1 = jax.lax.dynamic_slice_in_dim(seg_BT, t, 1, axis=1)
@@ -285,8 +283,6 @@ def _own_state_scan(dims, spec, model, params, tokens_BT, choose_token=None, fee
   fed the learned initial state (own) or b and sees only its own document's cache. The token
   loop runs the layers unrolled on per-layer weights and K/V (`KVCache.per_layer`,
   `decode.token_loop_params`), like `nsl.decode.decode_loop`."""
-  from nsl import decode, schema
-
   B, T = tokens_BT.shape
   cache = kv_cache.KVCache.create(dims, B, T).per_layer()
   seg = jnp.ones((B, T), jnp.int32) if segment_BT is None else jnp.asarray(segment_BT, jnp.int32)

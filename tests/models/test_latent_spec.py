@@ -6,7 +6,7 @@ import pytest
 from nsl import config as nsl_config
 from nsl.errors import ConfigError
 from nsl.models import registry
-from nsl.models.latent_spec import MTPSpec, NextLatSpec, answer_token, mtp_section, nextlat_section
+from nsl.models.latent_spec import NextLatSpec, answer_token, mtp_section, nextlat_section
 from nsl.models.nextlat import MTPFamily, NextLatFamily
 
 
