@@ -38,20 +38,16 @@ def ids() -> dict[str, str]:
 
 
 def _args(path: str) -> tuple[str, ...]:
-  import ast
+  """The config file's `ARGS` (the arguments it takes; () for one that takes none)."""
+  import importlib.util
 
-  tree = ast.parse(open(path).read())
-  for node in tree.body:
-    if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "ARGS" for t in node.targets):
-      from nsl import config as nsl_config
+  from nsl import config as nsl_config
 
-      import importlib.util
-      spec = importlib.util.spec_from_file_location("run_ids_cfg", path)
-      module = importlib.util.module_from_spec(spec)
-      with nsl_config.configs_package(path):
-        spec.loader.exec_module(module)
-      return tuple(module.ARGS)
-  return ()
+  spec = importlib.util.spec_from_file_location("run_ids_config", path)
+  module = importlib.util.module_from_spec(spec)
+  with nsl_config.configs_package(path):
+    spec.loader.exec_module(module)
+  return tuple(getattr(module, "ARGS", ()))
 
 
 def main(argv=None) -> int:
